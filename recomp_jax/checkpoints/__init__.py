@@ -1,0 +1,164 @@
+"""Load any supported checkpoint into our Flax models, and export it back.
+
+Sources: a local Hugging Face directory, a hub id (when the hub is reachable),
+a sentence-transformers directory, or a GGUF file. Each model family module
+(``recomp_jax.models.bert`` / ``t5`` / ``gemma``) exposes a ``FAMILY``
+(:class:`ModelFamily`) that knows its config and weight map; this module only
+dispatches on ``model_type``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+from flax import nnx
+
+from recomp_jax.checkpoints.hf import (CheckpointError, InMemorySource, SafetensorsSource,
+                                       TensorSource, WeightSpec, load_weights, read_config,
+                                       resolve_directory, save_weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+  """What the generic loader needs to know about one model family.
+
+  Attributes:
+    name: family name (``'bert'``, ``'t5'``, ``'gemma'``).
+    config_from_hf: HF ``config.json`` dict -> our frozen config dataclass.
+    config_to_hf: our config -> a ``config.json`` dict that transformers loads.
+    build: ``(config, *, dtype, param_dtype, rngs) -> nnx.Module``.
+    weight_specs: ``config -> list[WeightSpec]`` covering every parameter.
+    ignore: regexes of HF tensors that may be present but are unused.
+  """
+  name: str
+  config_from_hf: Callable[[dict], Any]
+  config_to_hf: Callable[[Any], dict]
+  build: Callable[..., nnx.Module]
+  weight_specs: Callable[[Any], Sequence[WeightSpec]]
+  ignore: Sequence[str] = ()
+
+
+_FAMILY_MODULES = {
+    'bert': 'recomp_jax.models.bert',
+    't5': 'recomp_jax.models.t5',
+    'gemma': 'recomp_jax.models.gemma',
+    'gemma2': 'recomp_jax.models.gemma',
+    'gemma3': 'recomp_jax.models.gemma',
+    'gemma3_text': 'recomp_jax.models.gemma',
+}
+
+
+def family_for(model_type: str, where: str = 'config.json') -> ModelFamily:
+  """The :class:`ModelFamily` serving a HF ``model_type``."""
+  if model_type not in _FAMILY_MODULES:
+    raise CheckpointError(f'{where}: unsupported model_type {model_type!r}; '
+                          f'supported: {sorted(_FAMILY_MODULES)}')
+  return importlib.import_module(_FAMILY_MODULES[model_type]).FAMILY
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded model with its config and where it came from.
+
+  ``source_dir`` is a directory holding the tokenizer files (for GGUF: the
+  conversion cache directory). ``pooling`` is the sentence-transformers pooling
+  config when the source was one (``None`` otherwise).
+  """
+  model: nnx.Module
+  config: Any
+  family: ModelFamily
+  source_dir: str
+  pooling: dict | None = None
+
+  def tokenizer(self):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(self.source_dir)
+
+
+def build_from_source(config: Any, family: ModelFamily, source: TensorSource, *, where: str,
+                      dtype=jnp.float32, param_dtype=jnp.float32) -> nnx.Module:
+  """Creates ``family``'s model abstractly and fills it from ``source`` (no random init)."""
+  abstract = nnx.eval_shape(lambda: family.build(config, dtype=dtype, param_dtype=param_dtype,
+                                                 rngs=nnx.Rngs(0)))
+  return load_weights(abstract, family.weight_specs(config), source, ignore=family.ignore,
+                      where=where)
+
+
+def _sentence_transformers_parts(directory: str) -> tuple[str, dict | None]:
+  """(transformer dir, pooling config) for a sentence-transformers directory, else (dir, None)."""
+  modules_path = os.path.join(directory, 'modules.json')
+  if not os.path.exists(modules_path):
+    return directory, None
+  with open(modules_path) as f:
+    modules = json.load(f)
+  transformer_dir, pooling = directory, None
+  for module in modules:
+    kind = module.get('type', '')
+    sub = os.path.join(directory, module.get('path', ''))
+    if kind.endswith('Transformer'):
+      transformer_dir = sub
+    elif kind.endswith('Pooling'):
+      with open(os.path.join(sub, 'config.json')) as f:
+        pooling = json.load(f)
+    elif kind.endswith('Normalize'):
+      pooling = dict(pooling or {}, normalize=True)
+  return transformer_dir, pooling
+
+
+def load_pretrained(src: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                    gguf_cache_dir: str | None = None) -> Pretrained:
+  """Loads a checkpoint from a HF directory, hub id, sentence-transformers directory or GGUF file.
+
+  Args:
+    src: the source (a ``*.gguf`` path selects the GGUF reader).
+    dtype: compute dtype of the model.
+    param_dtype: storage dtype of the parameters.
+    gguf_cache_dir: where a converted GGUF is cached (default: next to it, or
+      ``$RECOMP_JAX_CACHE``).
+  """
+  if src.endswith('.gguf'):
+    from recomp_jax.checkpoints import gguf as gguf_reader
+    src = gguf_reader.convert_to_hf_dir(src, cache_dir=gguf_cache_dir)
+  directory = resolve_directory(src)
+  transformer_dir, pooling = _sentence_transformers_parts(directory)
+  config_dict = read_config(transformer_dir)
+  where = os.path.join(transformer_dir, 'config.json')
+  family = family_for(config_dict.get('model_type', '<missing>'), where)
+  config = family.config_from_hf(config_dict)
+  source = SafetensorsSource(transformer_dir)
+  model = build_from_source(config, family, source, where=transformer_dir, dtype=dtype,
+                            param_dtype=param_dtype)
+  return Pretrained(model, config, family, transformer_dir, pooling)
+
+
+def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: str | None = None,
+                      dtype=None) -> str:
+  """Writes ``pretrained`` as a Hugging Face directory that ``transformers`` loads.
+
+  Writes ``config.json``, safetensors (sharded above 4 GiB) and, when
+  available, the tokenizer from ``tokenizer_dir`` (default: the source dir).
+  """
+  import numpy as np
+  os.makedirs(out_dir, exist_ok=True)
+  config_dict = pretrained.family.config_to_hf(pretrained.config)
+  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+    json.dump(config_dict, f, indent=2)
+  save_weights(pretrained.model, pretrained.family.weight_specs(pretrained.config), out_dir,
+               dtype=np.dtype(dtype or np.float32))
+  tokenizer_dir = tokenizer_dir or pretrained.source_dir
+  if tokenizer_dir:
+    try:
+      from transformers import AutoTokenizer
+      AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+    except (OSError, ValueError):
+      pass  # no tokenizer files next to the weights: weights and config are still valid
+  return out_dir
+
+
+__all__ = ['CheckpointError', 'InMemorySource', 'ModelFamily', 'Pretrained', 'SafetensorsSource',
+           'WeightSpec', 'build_from_source', 'export_pretrained', 'family_for', 'load_pretrained']

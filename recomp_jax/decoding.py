@@ -1,0 +1,140 @@
+"""The jitted token loop shared by T5 and Gemma decoding.
+
+A model provides a prefill (prompt -> cache and the logits of the first new
+token) and a ``step_fn(tokens, cache, step) -> (logits, cache)``; this module
+owns sampling, EOS / stop-token handling and the ``lax.while_loop`` that runs
+until every sequence has stopped or ``max_new_tokens`` is reached. Nothing
+here re-dispatches from Python per token.
+
+Stop strings (e.g. ``"\\n"``) are handled with a vocabulary mask of the tokens
+whose text contains one (:func:`stop_token_mask`); :func:`decode_texts`
+then cuts the decoded text at the first stop string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+StepFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How the next token is chosen.
+
+  ``temperature == 0`` is greedy (argmax); otherwise logits are divided by the
+  temperature and, if ``top_p < 1``, restricted to the smallest set of tokens
+  whose probability mass reaches ``top_p`` (nucleus sampling).
+  """
+  temperature: float = 0.0
+  top_p: float = 1.0
+  max_new_tokens: int = 32
+
+
+def sample_next(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """``[B, V]`` logits -> ``[B]`` int32 tokens."""
+  logits = logits.astype(jnp.float32)
+  if sampling.temperature == 0.0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / sampling.temperature
+  if sampling.top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    # The smallest prefix whose mass reaches top_p: keep a token if the mass *before* it is < top_p.
+    keep_sorted = (cumulative - jax.nn.softmax(sorted_logits, axis=-1)) < sampling.top_p
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits >= cutoff, logits, -jnp.inf)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+def stop_token_mask(tokenizer, vocab_size: int, stop_strings: Sequence[str] = (),
+                    eos_ids: Sequence[int] = ()) -> np.ndarray:
+  """``[V]`` bool: tokens that end a sequence (EOS ids, or text containing a stop string)."""
+  mask = np.zeros((vocab_size,), bool)
+  for i in eos_ids:
+    if i is not None and 0 <= i < vocab_size:
+      mask[i] = True
+  if stop_strings:
+    vocab = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    for i, piece in enumerate(vocab):
+      if piece is None:
+        continue
+      text = tokenizer.convert_tokens_to_string([piece])
+      if any(s in text for s in stop_strings):
+        mask[i] = True
+  return mask
+
+
+def decode_loop(step_fn: StepFn, cache: Any, first_logits: jax.Array, *, rng: jax.Array,
+                stop_mask: jax.Array, sampling: SamplingConfig, pad_id: int) -> tuple[jax.Array, jax.Array]:
+  """Samples up to ``sampling.max_new_tokens`` tokens inside one ``lax.while_loop``.
+
+  Args:
+    step_fn: ``(tokens [B], cache, step) -> (logits [B, V], cache)``; ``step``
+      is the index of ``tokens`` among the new tokens (0 for the first).
+    cache: the model's decoding state after the prompt.
+    first_logits: ``[B, V]`` logits for the first new token.
+    rng: PRNG key (unused when greedy).
+    stop_mask: ``[V]`` bool, tokens that finish a sequence (kept in the output).
+    sampling: temperature / top-p / length.
+    pad_id: written after a sequence has finished.
+  Returns:
+    ``tokens [B, max_new_tokens]`` (``pad_id`` after the stop token) and
+    ``lengths [B]`` (number of generated tokens, stop token included).
+  """
+  batch = first_logits.shape[0]
+  max_new = sampling.max_new_tokens
+  tokens = jnp.full((batch, max_new), pad_id, jnp.int32)
+  rng, sub = jax.random.split(rng)
+  first = sample_next(first_logits, sub, sampling)
+  tokens = tokens.at[:, 0].set(first)
+  done = stop_mask[first]
+  lengths = jnp.ones((batch,), jnp.int32)
+
+  def cond(carry):
+    step, _, _, done, _, _ = carry
+    return jnp.logical_and(step < max_new, jnp.logical_not(jnp.all(done)))
+
+  def body(carry):
+    step, tokens, cache, done, lengths, rng = carry
+    logits, cache = step_fn(tokens[:, step - 1], cache, step - 1)
+    rng, sub = jax.random.split(rng)
+    nxt = sample_next(logits, sub, sampling)
+    nxt = jnp.where(done, pad_id, nxt)
+    tokens = tokens.at[:, step].set(nxt)
+    lengths = lengths + jnp.logical_not(done).astype(jnp.int32)
+    done = jnp.logical_or(done, stop_mask[nxt])
+    return step + 1, tokens, cache, done, lengths, rng
+
+  init = (jnp.asarray(1, jnp.int32), tokens, cache, done, lengths, rng)
+  _, tokens, _, _, lengths, _ = jax.lax.while_loop(cond, body, init)
+  return tokens, lengths
+
+
+def decode_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
+                 stop_strings: Sequence[str] = ()) -> list[str]:
+  """Detokenises generated tokens and cuts each text at its first stop string."""
+  texts = []
+  for row, n in zip(np.asarray(tokens), np.asarray(lengths)):
+    text = tokenizer.decode(row[:int(n)].tolist(), skip_special_tokens=True)
+    for s in stop_strings:
+      cut = text.find(s)
+      if cut >= 0:
+        text = text[:cut]
+    texts.append(text)
+  return texts
+
+
+def bucket_length(length: int, buckets: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024, 2048,
+                                                         4096, 8192)) -> int:
+  """Smallest bucket >= ``length`` (multiples of the largest beyond it): bounds recompiles."""
+  for b in buckets:
+    if length <= b:
+      return b
+  top = buckets[-1]
+  return -(-length // top) * top
