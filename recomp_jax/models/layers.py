@@ -55,7 +55,7 @@ def param(rngs: nnx.Rngs | None, init: Initializer, shape: Sequence[int], axes: 
     value = jnp.zeros(shape, dtype)
   else:
     value = init(rngs.params(), shape, dtype)
-  return nnx.Param(value, sharding_names=tuple(axes), eager_sharding=False)
+  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
 class DenseGeneral(nnx.Module):
