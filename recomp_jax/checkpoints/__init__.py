@@ -34,6 +34,11 @@ class ModelFamily:
     build: ``(config, *, dtype, param_dtype, rngs) -> nnx.Module``.
     weight_specs: ``config -> list[WeightSpec]`` covering every parameter.
     ignore: regexes of HF tensors that may be present but are unused.
+    adapt_source: optional ``TensorSource -> TensorSource`` view applied
+      before loading (e.g. accepting both ``'bert.'``-prefixed and bare names).
+    config_from_checkpoint: optional ``(config, tensor names) -> config`` for
+      settings only the stored tensors reveal (T5: whether ``lm_head.weight``
+      is stored, which configs written by transformers>=5 no longer record).
   """
   name: str
   config_from_hf: Callable[[dict], Any]
@@ -41,6 +46,8 @@ class ModelFamily:
   build: Callable[..., nnx.Module]
   weight_specs: Callable[[Any], Sequence[WeightSpec]]
   ignore: Sequence[str] = ()
+  adapt_source: Callable[[TensorSource], TensorSource] | None = None
+  config_from_checkpoint: Callable[[Any, frozenset[str]], Any] | None = None
 
 
 _FAMILY_MODULES = {
@@ -85,6 +92,8 @@ def build_from_source(config: Any, family: ModelFamily, source: TensorSource, *,
   """Creates ``family``'s model abstractly and fills it from ``source`` (no random init)."""
   abstract = nnx.eval_shape(lambda: family.build(config, dtype=dtype, param_dtype=param_dtype,
                                                  rngs=nnx.Rngs(0)))
+  if family.adapt_source is not None:
+    source = family.adapt_source(source)
   return load_weights(abstract, family.weight_specs(config), source, ignore=family.ignore,
                       where=where)
 
@@ -131,6 +140,8 @@ def load_pretrained(src: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
   family = family_for(config_dict.get('model_type', '<missing>'), where)
   config = family.config_from_hf(config_dict)
   source = SafetensorsSource(transformer_dir)
+  if family.config_from_checkpoint is not None:
+    config = family.config_from_checkpoint(config, frozenset(source.names()))
   model = build_from_source(config, family, source, where=transformer_dir, dtype=dtype,
                             param_dtype=param_dtype)
   return Pretrained(model, config, family, transformer_dir, pooling)
