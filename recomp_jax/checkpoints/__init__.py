@@ -119,7 +119,7 @@ def _sentence_transformers_parts(directory: str) -> tuple[str, dict | None]:
   return transformer_dir, pooling
 
 
-def load_pretrained(src: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
+def load_pretrained(src: str | os.PathLike, *, dtype=jnp.float32, param_dtype=jnp.float32,
                     gguf_cache_dir: str | None = None) -> Pretrained:
   """Loads a checkpoint from a HF directory, hub id, sentence-transformers directory or GGUF file.
 
@@ -130,6 +130,7 @@ def load_pretrained(src: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
     gguf_cache_dir: where a converted GGUF is cached (default:
       ``$RECOMP_JAX_CACHE/gguf``, else ``~/.cache/recomp_jax/gguf``).
   """
+  src = os.fspath(src)
   if src.endswith('.gguf'):
     from recomp_jax.checkpoints import gguf as gguf_reader
     src = gguf_reader.convert_to_hf_dir(src, cache_dir=gguf_cache_dir)
