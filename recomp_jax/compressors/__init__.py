@@ -1,0 +1,1 @@
+"""One module per compression system: labelling, training data and compression."""

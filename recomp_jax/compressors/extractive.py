@@ -1,0 +1,226 @@
+"""RECOMP's extractive compressor: label sentences with the reader, train a dual encoder.
+
+RECOMP §3.1 / Fig. 2 and 6: for each question ``x`` with candidate sentences
+``s_j`` (the top-20 sentences of the top-5 documents, title-prefixed), the
+reader scores every candidate prepended to the input; the best candidate is the
+positive ``p``; the negatives ``N`` are up to five candidates that score below
+the positive by a margin ``epsilon`` and that the *current* encoder ranks
+highest (hard negatives). A dual encoder is then trained with the contrastive
+loss ``-log e^{sim(x,p)} / (e^{sim(x,p)} + sum_{n in N} e^{sim(x,n)})``
+(:func:`recomp_jax.losses.contrastive_loss`, here with in-batch negatives too).
+
+Labelling signals (``signal``):
+  * ``'loglik'``: ``log p_M(y | [s_j; x])`` of the first gold answer (paper
+    Fig. 2; the NQ protocol notes its argmax matches the EM oracle);
+  * ``'em'``: the reader's greedy answer is exact-match correct with ``s_j``
+    prepended (paper Fig. 6); ties among correct sentences are broken by
+    log-likelihood, and examples with no correct sentence are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from recomp_jax import losses, prompts
+from recomp_jax.data.schema import FilterReport
+
+
+def text_id(text: str) -> int:
+  """A stable non-negative 31-bit id of a text (for duplicate-aware contrastive masks)."""
+  return zlib.crc32(text.encode('utf-8')) & 0x7FFFFFFF
+
+
+def candidate_suffix(candidate: str, question: str) -> str:
+  """The part of the reader prompt after the shared few-shot prefix."""
+  return prompts.build_prompt(question, candidate)[len(prompts.FEW_SHOT_PREFIX):]
+
+
+def loglik_labels(scorer, questions: Sequence[str], candidates: Sequence[Sequence[str]],
+                  answers: Sequence[Sequence[str]]) -> list[dict]:
+  """Reader log-likelihood of the first gold answer with each candidate (and with none).
+
+  All rows share the few-shot prefix, which is encoded once per call.
+
+  Returns:
+    per question ``{'loglik': [n_candidates] floats, 'none_loglik': float}``.
+  """
+  suffixes, targets, owners = [], [], []
+  for i, (question, cands, golds) in enumerate(zip(questions, candidates, answers)):
+    target = prompts.answer_target(golds[0])
+    for cand in cands:
+      suffixes.append(candidate_suffix(cand, question))
+      targets.append(target)
+      owners.append(i)
+    suffixes.append(prompts.build_prompt(question)[len(prompts.FEW_SHOT_PREFIX):])
+    targets.append(target)
+    owners.append(i)
+  scores = scorer.score_with_shared_prefix(prompts.FEW_SHOT_PREFIX, suffixes, targets)
+  out = [{'loglik': []} for _ in questions]
+  per_question = [[] for _ in questions]
+  for owner, value in zip(owners, scores):
+    per_question[owner].append(float(value))
+  for record, values in zip(out, per_question):
+    record['loglik'], record['none_loglik'] = values[:-1], values[-1]
+  return out
+
+
+def em_labels(generator, questions: Sequence[str], candidates: Sequence[Sequence[str]],
+              answers: Sequence[Sequence[str]]) -> list[list[float]]:
+  """Exact match of the reader's greedy answer with each candidate prepended (paper Fig. 6)."""
+  from recomp_jax import evaluation
+  flat_prompts, owners = [], []
+  for i, (question, cands) in enumerate(zip(questions, candidates)):
+    for cand in cands:
+      flat_prompts.append(prompts.build_prompt(question, cand))
+      owners.append(i)
+  texts = generator(flat_prompts, max_new_tokens=12, stop_strings=['\n'])
+  out = [[] for _ in questions]
+  for owner, text in zip(owners, texts):
+    out[owner].append(evaluation.exact_match(prompts.postprocess_answer(text), answers[owner]))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPair:
+  """One contrastive example: a question, its positive and hard negatives (texts)."""
+  id: str
+  question: str
+  positive: str
+  negatives: tuple[str, ...]
+
+
+def select_pair(example_id: str, question: str, candidates: Sequence[str], loglik: Sequence[float],
+                encoder_scores: Sequence[float], *, signal: str = 'loglik',
+                em: Sequence[float] | None = None, epsilon: float = 0.0, num_negatives: int = 5,
+                report: FilterReport | None = None) -> TrainingPair | None:
+  """Positive = best candidate by the reader; negatives = top encoder-scored worse candidates.
+
+  Returns ``None`` (and counts the reason in ``report``) when there is no
+  candidate, no positive (``'em'``: no correct sentence) or no negative.
+  """
+  report = report if report is not None else FilterReport('pairs')
+  if not candidates:
+    report.drop('no_candidates', example_id)
+    return None
+  loglik = np.asarray(loglik, np.float64)
+  if signal == 'loglik':
+    positive = int(np.argmax(loglik))
+    worse = loglik < loglik[positive] - epsilon
+  elif signal == 'em':
+    if em is None:
+      raise ValueError("signal='em' needs the em labels")
+    correct = np.asarray(em) > 0
+    if not correct.any():
+      report.drop('no_correct_candidate', example_id)
+      return None
+    positive = int(np.argmax(np.where(correct, loglik, -np.inf)))
+    worse = (~correct) & (loglik < loglik[positive] - epsilon)
+  else:
+    raise ValueError(f"signal must be 'loglik' or 'em', got {signal!r}")
+  worse[positive] = False
+  same_text = np.array([c == candidates[positive] for c in candidates])
+  worse &= ~same_text
+  if not worse.any():
+    report.drop('no_negative', example_id)
+    return None
+  order = np.argsort(-np.asarray(encoder_scores, np.float64), kind='stable')
+  negatives = [candidates[j] for j in order if worse[j]][:num_negatives]
+  report.keep()
+  return TrainingPair(example_id, question, candidates[positive], tuple(negatives))
+
+
+def pair_arrays(pairs: Sequence[TrainingPair], tokenizer, *, num_negatives: int,
+                max_query_length: int, max_passage_length: int) -> dict[str, np.ndarray]:
+  """Tokenised, padded arrays for :func:`contrastive_loss_fn`.
+
+  Returns:
+    ``query_ids/query_mask [N, Lq]``, ``passage_ids/passage_mask [N, P, Lp]``
+    (slot 0 the positive, ``P = 1 + num_negatives``), ``passage_valid [N, P]``,
+    ``query_key [N]`` and ``passage_key [N, P]`` (text ids for duplicate masks).
+  """
+  slots = 1 + num_negatives
+  q = tokenizer([p.question for p in pairs], padding='max_length', truncation=True,
+                max_length=max_query_length, return_tensors='np')
+  texts, valid = [], []
+  for p in pairs:
+    row = [p.positive, *p.negatives]
+    valid.append([True] * len(row) + [False] * (slots - len(row)))
+    texts.extend(row + [''] * (slots - len(row)))
+  enc = tokenizer(texts, padding='max_length', truncation=True, max_length=max_passage_length,
+                  return_tensors='np')
+  n = len(pairs)
+  return {
+      'query_ids': q['input_ids'].astype(np.int32),
+      'query_mask': q['attention_mask'].astype(np.int32),
+      'passage_ids': enc['input_ids'].reshape(n, slots, -1).astype(np.int32),
+      'passage_mask': enc['attention_mask'].reshape(n, slots, -1).astype(np.int32),
+      'passage_valid': np.asarray(valid, bool),
+      'query_key': np.asarray([text_id(p.question) for p in pairs], np.int32),
+      'passage_key': np.asarray([text_id(t) for t in texts], np.int32).reshape(n, slots),
+  }
+
+
+def contrastive_loss_fn(*, temperature: float, similarity: str):
+  """``(dual_encoder, batch, rng) -> (loss, aux)`` for :func:`recomp_jax.train.train`."""
+
+  def loss_fn(model, batch, rng):
+    del rng  # encoders are trained without dropout: deterministic, exactly resumable steps
+    batch_size, slots, length = batch['passage_ids'].shape
+    q = model.encode_queries(batch['query_ids'], batch['query_mask'])  # [B, D]
+    p = model.encode_passages(batch['passage_ids'].reshape(batch_size * slots, length),
+                              batch['passage_mask'].reshape(batch_size * slots, length))
+    p = p.reshape(batch_size, slots, -1)  # [B, P, D]
+    loss, metrics = losses.contrastive_loss(
+        q, p, batch['passage_valid'], temperature=temperature, similarity=similarity,
+        query_ids=batch['query_key'], passage_ids=batch['passage_key'])
+    metrics['num_tokens'] = (jnp.sum(batch['query_mask']) + jnp.sum(batch['passage_mask'])).astype(jnp.float32)
+    return loss, metrics
+
+  return loss_fn
+
+
+def rank_candidates(encoder, questions: Sequence[str],
+                    candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
+  """Encoder similarity of every candidate to its question: per question ``[n_candidates]``."""
+  q = encoder.encode_queries(list(questions))
+  flat = [c for cands in candidates for c in cands]
+  s = encoder.encode_passages(flat) if flat else np.zeros((0, q.shape[1]), np.float32)
+  out, start = [], 0
+  for i, cands in enumerate(candidates):
+    out.append(s[start:start + len(cands)] @ q[i])
+    start += len(cands)
+  return out
+
+
+def reranked_accuracy(scores: Iterable[np.ndarray], loglik: Iterable[Sequence[float]]) -> dict:
+  """How well an encoder's ranking agrees with the reader's labels (checkpoint selection).
+
+  Returns ``{'top1_is_best': fraction whose top candidate is the reader's best,
+  'top1_loglik': mean reader log-likelihood of the encoder's top candidate}``.
+  """
+  hits, values = [], []
+  for s, ll in zip(scores, loglik):
+    if len(ll) == 0:
+      continue
+    top = int(np.argmax(s))
+    hits.append(float(top == int(np.argmax(ll))))
+    values.append(float(ll[top]))
+  return {'top1_is_best': float(np.mean(hits)) if hits else 0.0,
+          'top1_loglik': float(np.mean(values)) if values else 0.0}
+
+
+def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str:
+  """The ``k`` best candidates as evidence, best last (closest to the question)."""
+  order = np.argsort(-np.asarray(scores), kind='stable')[:k]
+  return prompts.format_sentences([candidates[j] for j in order])
+
+
+__all__ = ['TrainingPair', 'candidate_suffix', 'contrastive_loss_fn', 'em_labels', 'loglik_labels',
+           'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
+           'top_k_evidence']

@@ -1,0 +1,1 @@
+"""End-to-end pipelines: cached, resumable stages wiring data, models, training and evaluation."""
