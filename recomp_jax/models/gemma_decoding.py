@@ -1,0 +1,176 @@
+"""Compiled prefill, decode steps and text generation for :mod:`recomp_jax.models.gemma`.
+
+:func:`generate` runs prompt prefill and the whole token loop
+(:func:`recomp_jax.decoding.decode_loop`) inside one ``jax.jit``: the model
+crosses the boundary as ``nnx.split`` state (its graph definition is a static
+argument), sampling settings are static, and prompts are left-padded to a
+length bucket so different prompt lengths share compilations. Nothing returns
+to the host between tokens.
+
+:func:`prefill` / :func:`decode_step` are the same cached steps compiled on
+their own (cache donated), for scorers that encode a shared prefix once and
+continue it many times; :class:`Generator` goes from prompt strings to texts.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from recomp_jax import decoding
+from recomp_jax.models.gemma import DecodeCache, GemmaModel
+
+
+# XLA:CPU's default copy insertion copies every loop-carried buffer that is both read and
+# updated in one iteration (the whole KV cache, every token); region analysis orders the
+# reads before the in-place update instead. Other backends ignore the option.
+_LOOP_OPTIONS = {'xla_cpu_copy_insertion_use_region_analysis': True}
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'sampling', 'pad_id'),
+                   compiler_options=_LOOP_OPTIONS)
+def _generate(graphdef, state, input_ids, attention_mask, rng, stop_mask, *, sampling, pad_id):
+  model = nnx.merge(graphdef, state)
+  batch, prompt_len = input_ids.shape
+  cache = model.init_cache(batch, prompt_len + sampling.max_new_tokens)
+  first_logits, cache = model.prefill(input_ids, attention_mask, cache)
+  step = lambda tokens, cache, _: model.decode_step(tokens, cache)
+  return decoding.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
+                              sampling=sampling, pad_id=pad_id)
+
+
+def left_pad(input_ids: np.ndarray, attention_mask: np.ndarray, length: int,
+             pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Adds padding on the left of ``[B, T]`` ids / mask up to ``[B, length]``."""
+  input_ids, attention_mask = np.asarray(input_ids), np.asarray(attention_mask)
+  extra = length - input_ids.shape[1]
+  if extra < 0:
+    raise ValueError(f'prompt length {input_ids.shape[1]} exceeds {length}')
+  return (np.pad(input_ids, ((0, 0), (extra, 0)), constant_values=pad_id),
+          np.pad(attention_mask, ((0, 0), (extra, 0)), constant_values=0))
+
+
+def eos_stop_mask(model: GemmaModel, extra_ids: Sequence[int] = ()) -> np.ndarray:
+  """``[V]`` bool marking the config's EOS ids (and ``extra_ids``)."""
+  mask = np.zeros((model.config.vocab_size,), bool)
+  for i in (*model.config.eos_token_id, *extra_ids):
+    if i is not None and 0 <= i < mask.size:
+      mask[i] = True
+  return mask
+
+
+def generate(model: GemmaModel, input_ids, attention_mask=None, *,
+             sampling: decoding.SamplingConfig, stop_mask=None, rng: jax.Array | None = None,
+             pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Generates continuations of left-padded prompts.
+
+  Args:
+    model: a :class:`GemmaModel` (any dtype).
+    input_ids: ``[B, T]`` left-padded prompt ids.
+    attention_mask: ``[B, T]`` 1 = real token (default: all ones).
+    sampling: greedy / temperature / top-p and ``max_new_tokens``.
+    stop_mask: ``[V]`` bool tokens that end a sequence (default: the config's EOS).
+    rng: PRNG key for sampling (default ``jax.random.key(0)``).
+    pad_id: written after a sequence stops (default: the config's pad id).
+  Returns:
+    ``tokens [B, max_new_tokens]`` int32 and ``lengths [B]`` (stop token included).
+  """
+  input_ids = np.asarray(input_ids)
+  if attention_mask is None:
+    attention_mask = np.ones(input_ids.shape, np.int32)
+  pad_id = model.config.pad_token_id if pad_id is None else pad_id
+  pad_id = 0 if pad_id is None else int(pad_id)
+  ids, mask = left_pad(input_ids, attention_mask, decoding.bucket_length(input_ids.shape[1]),
+                       pad_id)
+  if stop_mask is None:
+    stop_mask = eos_stop_mask(model)
+  rng = jax.random.key(0) if rng is None else rng
+  graphdef, state = nnx.split(model)
+  return _generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), rng,
+                   jnp.asarray(stop_mask, bool), sampling=sampling, pad_id=pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'return_hidden'), donate_argnames=('cache',))
+def _prefill(graphdef, state, input_ids, attention_mask, cache, *, return_hidden):
+  model = nnx.merge(graphdef, state)
+  return model.prefill(input_ids, attention_mask, cache, return_hidden=return_hidden)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef',), donate_argnames=('cache',))
+def _decode_step(graphdef, state, tokens, cache):
+  return nnx.merge(graphdef, state).decode_step(tokens, cache)
+
+
+def prefill(model: GemmaModel, input_ids, attention_mask, cache: DecodeCache, *,
+            return_hidden: bool = False) -> tuple[jax.Array, DecodeCache]:
+  """Compiled :meth:`GemmaModel.prefill`; ``cache`` is donated (pass a copy to keep it)."""
+  graphdef, state = nnx.split(model)
+  return _prefill(graphdef, state, jnp.asarray(input_ids, jnp.int32),
+                  jnp.asarray(attention_mask, jnp.int32), cache, return_hidden=return_hidden)
+
+
+def decode_step(model: GemmaModel, tokens, cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
+  """Compiled :meth:`GemmaModel.decode_step`; ``cache`` is donated."""
+  graphdef, state = nnx.split(model)
+  return _decode_step(graphdef, state, jnp.asarray(tokens, jnp.int32), cache)
+
+
+def copy_cache(cache: DecodeCache) -> DecodeCache:
+  """A copy that survives donating the original (to continue one prefix several times)."""
+  return jax.tree.map(jnp.copy, cache)
+
+
+class Generator:
+  """Prompt strings -> generated texts, batching and caching the stop-token masks.
+
+  Prompts are tokenised with the tokenizer's defaults (BOS for Gemma),
+  left-padded and run in batches of ``batch_size`` (the last batch is padded
+  with repeats, so every batch reuses one compilation per length bucket).
+  """
+
+  def __init__(self, model: GemmaModel, tokenizer, *, batch_size: int = 8):
+    self.model = model
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    pad = tokenizer.pad_token_id
+    self.pad_id = int(pad if pad is not None else (model.config.pad_token_id or 0))
+    self._stop_masks: dict[tuple[str, ...], np.ndarray] = {}
+
+  def stop_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
+    key = tuple(stop_strings)
+    if key not in self._stop_masks:
+      eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
+      self._stop_masks[key] = decoding.stop_token_mask(
+          self.tokenizer, self.model.config.vocab_size, key, eos_ids=eos)
+    return self._stop_masks[key]
+
+  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
+               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
+               top_p: float = 1.0, seed: int = 0) -> list[str]:
+    """Generates one text per prompt, each cut at its first stop string."""
+    sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
+                                       max_new_tokens=max_new_tokens)
+    stop_mask = self.stop_mask(stop_strings)
+    rng = jax.random.key(seed)
+    texts: list[str] = []
+    for begin in range(0, len(prompts), self.batch_size):
+      batch = list(prompts[begin:begin + self.batch_size])
+      real = len(batch)
+      batch += [batch[-1]] * (self.batch_size - real)
+      enc = self.tokenizer(batch, padding=True, padding_side='left', return_tensors='np')
+      rng, sub = jax.random.split(rng)
+      tokens, lengths = generate(self.model, enc['input_ids'], enc['attention_mask'],
+                                 sampling=sampling, stop_mask=stop_mask, rng=sub,
+                                 pad_id=self.pad_id)
+      tokens, lengths = jax.device_get((tokens, lengths))
+      texts += decoding.decode_texts(self.tokenizer, tokens[:real], lengths[:real], stop_strings)
+    return texts
+
+
+__all__ = ['Generator', 'copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad',
+           'prefill']

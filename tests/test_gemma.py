@@ -1,0 +1,324 @@
+"""Gemma 1/2/3 parity with Hugging Face transformers (tiny random models) and decoding tests."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from recomp_jax import checkpoints, decoding
+from recomp_jax.models import gemma, gemma_decoding
+
+torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
+transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
+
+VOCAB = 128
+SLIDING, FULL = gemma.SLIDING, gemma.FULL
+NEW_TOKENS = 20
+
+# Three generations, three attention layouts (MHA / GQA / MQA), tied and untied heads (an
+# untied head keeps a tiny random Gemma 3 from repeating one token, which would make the
+# generation test blind to cache bugs).
+FAMILIES = {
+    'gemma': ('GemmaForCausalLM', 'GemmaConfig',
+              dict(num_hidden_layers=2, num_key_value_heads=4)),
+    'gemma2': ('Gemma2ForCausalLM', 'Gemma2Config',
+               dict(num_hidden_layers=3, num_key_value_heads=2, sliding_window=8,
+                    attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+                    query_pre_attn_scalar=24)),
+    'gemma3': ('Gemma3ForCausalLM', 'Gemma3TextConfig',
+               dict(num_hidden_layers=4, num_key_value_heads=1, sliding_window=8,
+                    query_pre_attn_scalar=24, tie_word_embeddings=False, layer_types=[SLIDING, SLIDING, FULL, SLIDING],
+                    rope_parameters={SLIDING: {'rope_type': 'default', 'rope_theta': 100.0},
+                                     FULL: {'rope_type': 'linear', 'rope_theta': 10000.0,
+                                            'factor': 2.0}})),
+}
+
+
+def _hf_model(name: str, seed: int = 0):
+  cls_name, config_name, kwargs = FAMILIES[name]
+  torch.manual_seed(seed)
+  config = getattr(transformers, config_name)(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=16,
+      attn_implementation='eager', **kwargs)
+  model = getattr(transformers, cls_name)(config).eval()
+  with torch.no_grad():  # large enough weights for well-separated logits and varied greedy text
+    for pname, p in model.named_parameters():
+      p.normal_(0.0, 0.2 if 'norm' in pname else 0.1 if 'embed' in pname or 'lm_head' in pname
+                else 0.3)
+  return model
+
+
+@pytest.fixture(scope='module', params=list(FAMILIES))
+def family(request, tmp_path_factory):
+  """(name, HF torch model, our Pretrained loaded from its save_pretrained directory)."""
+  name = request.param
+  hf = _hf_model(name)
+  directory = str(tmp_path_factory.mktemp(name))
+  hf.save_pretrained(directory)
+  return name, hf, checkpoints.load_pretrained(directory)
+
+
+def _batch(seed: int, length: int, pads=(0, 5, 12)):
+  rng = np.random.RandomState(seed)
+  mask = np.ones((len(pads), length), np.int64)
+  for row, pad in enumerate(pads):
+    mask[row, :pad] = 0
+  ids = rng.randint(3, VOCAB, size=mask.shape) * mask  # pad id 0
+  return ids, mask
+
+
+# -- config -------------------------------------------------------------------
+
+GEMMA3_270M = {  # config.json of google/gemma-3-270m (transformers 4.x layout)
+    'architectures': ['Gemma3ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'attn_logit_softcapping': None, 'bos_token_id': 2, 'eos_token_id': 1,
+    'final_logit_softcapping': None, 'head_dim': 256, 'hidden_activation': 'gelu_pytorch_tanh',
+    'hidden_size': 640, 'intermediate_size': 2048,
+    'layer_types': ([SLIDING] * 5 + [FULL]) * 3, 'max_position_embeddings': 32768,
+    'model_type': 'gemma3_text', 'num_attention_heads': 4, 'num_hidden_layers': 18,
+    'num_key_value_heads': 1, 'pad_token_id': 0, 'query_pre_attn_scalar': 256,
+    'rms_norm_eps': 1e-06, 'rope_local_base_freq': 10000.0, 'rope_scaling': None,
+    'rope_theta': 1000000.0, 'sliding_window': 512, 'tie_word_embeddings': True,
+    'use_bidirectional_attention': False, 'vocab_size': 262144,
+}
+
+
+def test_config_gemma3_270m_v4_and_v5_layouts():
+  ours = gemma.GemmaConfig.from_hf(GEMMA3_270M)
+  assert ours == gemma.GemmaConfig()  # our defaults are Gemma 3 270M
+  assert ours.rope_theta == 1e6 and ours.rope_local_theta == 1e4
+  assert [i for i in range(18) if not ours.is_sliding(i)] == [5, 11, 17]
+  assert ours.attention_scale == 1 / 16
+  # transformers 5 re-serialises it with nested per-layer-type rope_parameters.
+  v5 = transformers.Gemma3TextConfig.from_dict(GEMMA3_270M).to_dict()
+  assert set(v5['rope_parameters']) == {SLIDING, FULL}
+  assert gemma.GemmaConfig.from_hf(v5) == ours
+  # Without layer_types, the 5:1 pattern comes from sliding_window_pattern.
+  legacy = {k: v for k, v in GEMMA3_270M.items() if k != 'layer_types'}
+  assert gemma.GemmaConfig.from_hf(dict(legacy, sliding_window_pattern=6)) == ours
+  # A multimodal gemma3 config reduces to its text part.
+  assert gemma.GemmaConfig.from_hf({'model_type': 'gemma3', 'text_config': v5}) == ours
+
+
+def test_config_rope_variants():
+  scaled = gemma.GemmaConfig.from_hf(
+      dict(GEMMA3_270M, rope_scaling={'rope_type': 'linear', 'factor': 8.0}))
+  assert (scaled.rope_scaling_factor, scaled.rope_local_scaling_factor) == (8.0, 1.0)
+  assert transformers.Gemma3TextConfig.from_dict(scaled.to_hf()).rope_parameters[FULL]['factor'] == 8.0
+  with pytest.raises(ValueError, match='unsupported RoPE type'):
+    gemma.GemmaConfig.from_hf(dict(GEMMA3_270M, rope_scaling={'rope_type': 'yarn', 'factor': 4.0}))
+  legacy_gemma = {'model_type': 'gemma', 'vocab_size': 64, 'hidden_size': 32,
+                  'intermediate_size': 48, 'num_hidden_layers': 2, 'num_attention_heads': 2,
+                  'num_key_value_heads': 1, 'head_dim': 16, 'hidden_act': 'gelu',
+                  'rope_theta': 500.0}
+  cfg = gemma.GemmaConfig.from_hf(legacy_gemma)
+  assert cfg.hidden_activation == 'gelu_pytorch_tanh' and cfg.rope_theta == 500.0
+  assert cfg.layer_types == (FULL, FULL) and cfg.attention_scale == 16 ** -0.5
+
+
+@pytest.mark.parametrize('name', list(FAMILIES))
+def test_config_to_hf_roundtrip(name):
+  hf_config = _hf_model(name).config
+  ours = gemma.GemmaConfig.from_hf(hf_config.to_dict())
+  reloaded = transformers.AutoConfig.for_model(**ours.to_hf())
+  assert type(reloaded) is type(hf_config)
+  assert gemma.GemmaConfig.from_hf(reloaded.to_dict()) == ours
+
+
+def test_weight_specs_match_hf_gemma3_270m():
+  config = gemma.GemmaConfig.from_hf(GEMMA3_270M)
+  with torch.device('meta'):
+    hf = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig.from_dict(GEMMA3_270M))
+  hf_shapes = {k: tuple(v.shape) for k, v in hf.state_dict().items() if k != 'lm_head.weight'}
+  model = nnx.eval_shape(lambda: gemma.GemmaModel(config, rngs=nnx.Rngs(0)))
+  specs = gemma.weight_specs(config)
+  assert {s.hf_key for s in specs} == set(hf_shapes)
+  for spec in specs:
+    node = model
+    for entry in spec.path:
+      node = node[entry] if isinstance(entry, int) else getattr(node, entry)
+    ours = np.broadcast_to(np.zeros((), np.float32), node.shape)
+    assert spec.to_hf(ours).shape == hf_shapes[spec.hf_key], spec.hf_key
+  params = [p for _, p in nnx.iter_graph(model) if isinstance(p, nnx.Param)]
+  assert len(params) == len(specs)
+  assert sum(int(np.prod(p.shape)) for p in params) == sum(int(np.prod(s)) for s in hf_shapes.values())
+  assert checkpoints.family_for('gemma3_text') is gemma.FAMILY
+
+
+# -- parity with transformers -----------------------------------------------------
+
+
+def test_logits_and_hidden_states_match_hf(family):
+  _, hf, pretrained = family
+  ids, mask = _batch(0, 20)
+  with torch.no_grad():
+    out = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True)
+  real = mask.astype(bool)
+  ours_hidden = np.asarray(pretrained.model.hidden_states(jnp.asarray(ids), jnp.asarray(mask)))
+  ours_logits = np.asarray(pretrained.model(jnp.asarray(ids), jnp.asarray(mask)))
+  ref_hidden = out.hidden_states[-1].numpy()
+  assert np.abs(ours_hidden - ref_hidden)[real].max() <= 1e-4
+  assert np.abs(ours_logits - out.logits.numpy())[real].max() <= 1e-4
+  assert np.abs(out.logits.numpy()[real]).max() > 0.5  # not a vacuous comparison
+
+
+def test_greedy_generation_matches_hf(family):
+  name, hf, pretrained = family
+  ids, mask = _batch(1, 11, pads=(0, 5, 8))  # prompts of 11, 6 and 3 tokens
+  with torch.no_grad():
+    ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), do_sample=False,
+                      max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=1)
+  ref = ref[:, ids.shape[1]:].numpy()
+  ref = np.pad(ref, ((0, 0), (0, NEW_TOKENS - ref.shape[1])))  # HF stops once all rows ended
+  tokens, lengths = gemma_decoding.generate(
+      pretrained.model, ids, mask, sampling=decoding.SamplingConfig(max_new_tokens=NEW_TOKENS),
+      pad_id=0)
+  np.testing.assert_array_equal(np.asarray(tokens), ref)
+  assert len(np.unique(ref)) >= 8  # not a degenerate repetition
+  ended = ref == 1
+  expected_lengths = np.where(ended.any(1), ended.argmax(1) + 1, NEW_TOKENS)
+  np.testing.assert_array_equal(np.asarray(lengths), expected_lengths)
+  if name == 'gemma3':
+    assert ids.shape[1] + NEW_TOKENS > hf.config.sliding_window  # the ring buffer wrapped
+
+
+@pytest.mark.parametrize('chunks', [(10, 6), (3, 12)])
+def test_cached_steps_match_uncached_forward(family, chunks):
+  """Chunked prefill (fresh, then appended; chunks longer than the ring) + decode steps."""
+  _, _, pretrained = family
+  model = pretrained.model
+  ids, mask = _batch(2, 20)
+  full = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+  cache = model.init_cache(3, 24)
+  outputs, start = [], 0
+  for size in chunks:
+    hidden, cache = model.prefill(jnp.asarray(ids[:, start:start + size]),
+                                  jnp.asarray(mask[:, start:start + size]), cache,
+                                  return_hidden=True)
+    outputs.append(np.asarray(model.logits(hidden)))
+    start += size
+  for t in range(start, 20):
+    logits, cache = model.decode_step(jnp.asarray(ids[:, t]), cache)
+    outputs.append(np.asarray(logits)[:, None])
+  cached = np.concatenate(outputs, axis=1)
+  real = mask.astype(bool)
+  assert np.abs(cached - full)[real].max() <= 1e-4
+  assert int(cache.length) == 20
+  np.testing.assert_array_equal(np.asarray(cache.next_position), mask.sum(1))
+
+
+def test_shared_prefix_cache_reuse(family):
+  """One prefix encoded once, tiled and continued with left-padded chunks (pads mid-sequence)."""
+  _, _, pretrained = family
+  model = pretrained.model
+  prefix, _ = _batch(3, 9, pads=(0,))
+  cont, cont_mask = _batch(4, 7, pads=(0, 2, 5))
+  base = model.init_cache(1, 16)
+  _, base = gemma_decoding.prefill(model, prefix, np.ones_like(prefix), base)
+  results = []
+  for _ in range(2):  # the prefix cache survives being continued (copy before donation)
+    hidden, _ = gemma_decoding.prefill(model, cont, cont_mask, gemma_decoding.copy_cache(base).tile(3),
+                                       return_hidden=True)
+    results.append(np.asarray(hidden))
+  ids = np.concatenate([np.repeat(prefix, 3, 0), cont], axis=1)
+  mask = np.concatenate([np.ones((3, 9), np.int64), cont_mask], axis=1)
+  ref = np.asarray(model.hidden_states(jnp.asarray(ids), jnp.asarray(mask)))[:, 9:]
+  real = cont_mask.astype(bool)
+  assert np.abs(results[0] - ref)[real].max() <= 1e-4
+  np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_export_roundtrip_loads_in_transformers(family, tmp_path):
+  _, hf, pretrained = family
+  checkpoints.export_pretrained(pretrained, str(tmp_path))
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
+                                                               attn_implementation='eager').eval()
+  assert type(reloaded) is type(hf)
+  ids, mask = _batch(5, 12)
+  with torch.no_grad():
+    a = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    b = reloaded(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+  np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+  with open(os.path.join(str(tmp_path), 'config.json')) as f:
+    assert json.load(f)['model_type'] == hf.config.model_type
+
+
+# -- decoding behaviour -------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def gemma3(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('gemma3_only'))
+  _hf_model('gemma3', seed=1).save_pretrained(directory)
+  return directory
+
+
+def test_sampling_is_reproducible(gemma3):
+  model = checkpoints.load_pretrained(gemma3).model
+  ids, mask = _batch(6, 11, pads=(0, 5, 8))
+  sampling = decoding.SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=NEW_TOKENS)
+  run = lambda seed: np.asarray(gemma_decoding.generate(
+      model, ids, mask, sampling=sampling, rng=jax.random.key(seed),
+      stop_mask=np.zeros(VOCAB, bool))[0])
+  first = run(1)
+  np.testing.assert_array_equal(first, run(1))
+  assert not np.array_equal(first, run(2))
+  assert first.min() >= 0 and first.max() < VOCAB
+
+
+def test_bfloat16_compute(gemma3):
+  f32 = checkpoints.load_pretrained(gemma3).model
+  bf16 = checkpoints.load_pretrained(gemma3, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16).model
+  ids, mask = _batch(7, 20)
+  ref = np.asarray(f32(jnp.asarray(ids), jnp.asarray(mask)))
+  logits = bf16(jnp.asarray(ids), jnp.asarray(mask))
+  assert logits.dtype == jnp.bfloat16
+  real = mask.astype(bool)
+  err = np.abs(np.asarray(logits, np.float32) - ref)[real]
+  assert err.max() <= 0.1 * np.abs(ref[real]).max()
+  cache = bf16.init_cache(3, 24)
+  assert cache.keys[0].dtype == jnp.bfloat16
+  tokens, lengths = gemma_decoding.generate(bf16, ids[:, :11], mask[:, :11],
+                                            sampling=decoding.SamplingConfig(max_new_tokens=8))
+  assert tokens.shape == (3, 8) and np.asarray(lengths).min() >= 1
+  agree = (np.asarray(tokens) == np.asarray(gemma_decoding.generate(
+      f32, ids[:, :11], mask[:, :11], sampling=decoding.SamplingConfig(max_new_tokens=8))[0]))
+  assert agree[:, 0].all()  # the first greedy token survives bfloat16
+
+
+def _char_tokenizer():
+  """A character-level fast tokenizer with Gemma's special ids (pad 0, eos 1, bos 2)."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+  specials = ['<pad>', '<eos>', '<bos>', '<unk>']
+  chars = ['\n'] + [chr(c) for c in range(32, 127)]
+  vocab = {tok: i for i, tok in enumerate(specials + chars)}
+  vocab.update({f'<unused{i}>': i for i in range(len(vocab), VOCAB)})
+  tok = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
+  tok.decoder = decoders.Fuse()
+  tok.post_processor = processors.TemplateProcessing(single='<bos> $A', special_tokens=[('<bos>', 2)])
+  return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<bos>',
+                                              eos_token='<eos>', pad_token='<pad>',
+                                              unk_token='<unk>')
+
+
+def test_generator_texts_match_hf_greedy(gemma3):
+  tokenizer = _char_tokenizer()
+  prompts = ['Hello there', 'ab', 'The quick brown']
+  hf = transformers.AutoModelForCausalLM.from_pretrained(gemma3, attn_implementation='eager').eval()
+  enc = tokenizer(prompts, padding=True, padding_side='left', return_tensors='pt')
+  with torch.no_grad():
+    out = hf.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=1)
+  expected = []
+  for row in out[:, enc['input_ids'].shape[1]:]:
+    text = tokenizer.decode(row.tolist(), skip_special_tokens=True)
+    expected.append(text.split('\n')[0])
+  generator = gemma_decoding.Generator(checkpoints.load_pretrained(gemma3).model, tokenizer,
+                                       batch_size=2)
+  texts = generator(prompts, max_new_tokens=12, stop_strings=['\n'])
+  assert texts == expected
+  assert any(texts)
