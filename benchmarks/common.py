@@ -1,0 +1,48 @@
+"""Timing and table helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+
+
+def timeit(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 3) -> float:
+  """Median wall seconds of ``fn()`` after ``warmup`` calls (results are blocked on)."""
+  import jax
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def machine_line() -> str:
+  import jax
+  import torch
+  return (f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__} '
+          f'({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} threads)')
+
+
+def print_table(title: str, rows: list[dict], unit: str) -> str:
+  """Rows ``{'case', 'ours', 'hf_fp32', 'hf_bf16'}`` (throughputs) -> a markdown table with ratios."""
+  lines = [f'### {title}', '',
+           f'| case | ours fp32 ({unit}) | HF fp32 ({unit}) | HF bf16 ({unit}) | ours / HF fp32 | ours / HF bf16 |',
+           '|---|---|---|---|---|---|']
+  for r in rows:
+    bf16 = r.get('hf_bf16')
+    lines.append(f"| {r['case']} | {r['ours']:.1f} | {r['hf_fp32']:.1f} | "
+                 f"{'-' if bf16 is None else f'{bf16:.1f}'} | {r['ours'] / r['hf_fp32']:.2f}x | "
+                 f"{'-' if bf16 is None else format(r['ours'] / bf16, '.2f') + 'x'} |")
+  text = '\n'.join(lines)
+  print(text, flush=True)
+  return text

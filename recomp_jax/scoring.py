@@ -1,0 +1,729 @@
+"""Reader scoring: teacher-forced ``log p(target | context)`` and exact match of greedy answers.
+
+Log-likelihood (RECOMP's labelling signal, the NQ protocol's `` {answer}`` after
+``Answer:``) is computed by one sharded, jitted function per batch shape:
+
+* the transformer body runs over the whole (context, target) sequence, but the
+  output head runs only at the ``A`` target positions, in vocabulary chunks
+  (:func:`target_log_probs`: a ``fori_loop`` over ``[C, D]`` slices of the
+  head with a running max / sum-of-exponentials, plus the target logit
+  gathered directly), so a 262k vocabulary never materialises
+  ``[B, T, V]`` logits; Gemma's final logit soft-cap is applied per chunk
+  before the log-sum-exp;
+* lengths are padded to buckets (:data:`LENGTH_BUCKETS`,
+  :data:`TARGET_BUCKETS` via :func:`recomp_jax.decoding.bucket_length`), the
+  batch to a fixed size, so a run compiles a handful of programs;
+* with a mesh, the batch's leading axis is split over ``('data', 'fsdp')``
+  (:func:`recomp_jax.sharding.batch_sharding`), the parameters follow the
+  logical-axis rules (:func:`recomp_jax.sharding.place_on_mesh`) and the small
+  per-example results are gathered to every device (every process passes the
+  same examples and reads every score).
+
+:class:`CausalScorer` (Gemma) scores ``BOS + context`` followed by the
+target's tokens (no special tokens), right-padded. Its shared-prefix path
+(:meth:`CausalScorer.score_with_shared_prefix`) encodes a prefix (few-shot
+block, instructions) once into a batch-1 KV cache, tiles it to the candidate
+batch and appends each candidate (suffix + target) as one more cached prefill:
+the prefix costs one forward pass, not one per candidate. The prefix is
+left-padded to its bucket (padding slots are masked and positions count real
+tokens only), so real tokens stay contiguous and the continuation is exact
+also across sliding-window boundaries (the ring buffer of a sliding layer
+always holds the last ``window`` indices a chunk query can see).
+
+:class:`Seq2SeqScorer` (T5) encodes the context and scores the decoder labels
+(target tokens, plus EOS by default).
+
+Exact match: :func:`answer_and_score` runs a batched greedy generator (Gemma:
+:class:`recomp_jax.models.gemma_decoding.Generator`; T5:
+:class:`Seq2SeqGenerator`) with the protocol's 12 new tokens cut at the first
+newline, and scores with SQuAD normalisation (:func:`recomp_jax.evaluation.qa_scores`).
+
+Shapes: ``B`` batch, ``T`` sequence (or chunk) length, ``A`` target slots,
+``P`` prefix length, ``D`` embed, ``V`` vocab, ``C`` vocabulary chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from recomp_jax import decoding, evaluation, sharding
+from recomp_jax.models.gemma import DecodeCache, GemmaModel
+from recomp_jax.models.t5 import T5Model
+from recomp_jax.prompts import postprocess_answer
+
+# Sequence-length buckets (<= 12.5% padding above 256 tokens) and target-length buckets.
+LENGTH_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512, 576, 640, 768,
+                  896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+TARGET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+DEFAULT_VOCAB_CHUNK = 16384
+
+
+# ----------------------------------------------------------------------------- chunked head
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputHead:
+  """A model's output projection, as the chunked head needs it (built inside a trace).
+
+  Attributes:
+    weight: ``[V, D]`` (``vocab_major``, a tied embedding) or ``[D, V]`` (an ``lm_head`` kernel).
+    vocab_major: layout of ``weight``.
+    hidden_scale: multiplies the hidden states first (T5 v1.0: ``D ** -0.5``), or None.
+    softcap: final logit soft-cap ``cap * tanh(logits / cap)`` (Gemma 2/3), or None.
+    dtype: compute dtype of the matmul (accumulation is always float32).
+  """
+  weight: jax.Array
+  vocab_major: bool
+  hidden_scale: float | None
+  softcap: float | None
+  dtype: Any
+
+  @property
+  def vocab_size(self) -> int:
+    return self.weight.shape[0 if self.vocab_major else 1]
+
+
+def output_head(model: nnx.Module) -> OutputHead:
+  """The :class:`OutputHead` of a :class:`GemmaModel` or a :class:`T5Model` with a decoder."""
+  if isinstance(model, GemmaModel):
+    if model.lm_head is None:
+      weight, vocab_major = model.embedder.embedding[...], True
+    else:
+      weight, vocab_major = model.lm_head.kernel[...], False
+    return OutputHead(weight, vocab_major, None, model.config.final_logit_softcapping, model.dtype)
+  if isinstance(model, T5Model):
+    if model.decoder is None:
+      raise ValueError('this T5 model is encoder-only (T5EncoderModel): it has no output head')
+    if model.lm_head is None:
+      weight, vocab_major = model.shared.embedding[...], True
+    else:
+      weight, vocab_major = model.lm_head.kernel[...], False
+    scale = model.config.d_model ** -0.5 if model.config.scale_decoder_outputs else None
+    return OutputHead(weight, vocab_major, scale, None, model.dtype)
+  raise TypeError(f'no output head known for {type(model).__name__}')
+
+
+def _softcap(logits: jax.Array, cap: float | None) -> jax.Array:
+  return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+
+def target_log_probs(hidden: jax.Array, targets: jax.Array, head: OutputHead, *,
+                     vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> jax.Array:
+  """``log softmax(head(hidden))[targets]`` without materialising ``[B, A, V]`` logits.
+
+  The vocabulary is visited in ``V // C`` chunks of ``C`` rows (a
+  ``fori_loop``; a remainder chunk runs once after it) keeping a running
+  maximum ``m`` and ``s = sum exp(logits - m)``; the target's logit is one
+  gathered row per token. Peak memory is ``[B, A, C]``.
+
+  Args:
+    hidden: ``[B, A, D]`` final hidden states of the positions predicting each target.
+    targets: ``[B, A]`` int target token ids.
+    head: from :func:`output_head`.
+    vocab_chunk: ``C``.
+  Returns:
+    ``[B, A]`` float32 log-probabilities.
+  """
+  if head.hidden_scale is not None:
+    hidden = hidden * head.hidden_scale
+  h = hidden.astype(head.dtype)                                        # [B, A, D]
+  vocab = head.vocab_size
+  chunk = max(1, min(int(vocab_chunk), vocab))
+  num_full = vocab // chunk
+  axis = 0 if head.vocab_major else 1
+  matmul = 'BAD,VD->BAV' if head.vocab_major else 'BAD,DV->BAV'
+
+  def logits_of(weight_chunk):                                        # [C, D] or [D, C]
+    logits = jnp.einsum(matmul, h, weight_chunk.astype(head.dtype),
+                        preferred_element_type=jnp.float32)           # [B, A, C]
+    return _softcap(logits, head.softcap)
+
+  def accumulate(carry, logits):
+    running_max, sum_exp = carry                                      # [B, A] each
+    new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
+    sum_exp = (sum_exp * jnp.exp(running_max - new_max)
+               + jnp.sum(jnp.exp(logits - new_max[..., None]), axis=-1))
+    return new_max, sum_exp
+
+  def body(i, carry):
+    weight_chunk = jax.lax.dynamic_slice_in_dim(head.weight, i * chunk, chunk, axis=axis)
+    return accumulate(carry, logits_of(weight_chunk))
+
+  shape = targets.shape
+  carry = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32))
+  carry = jax.lax.fori_loop(0, num_full, body, carry)
+  if num_full * chunk < vocab:
+    tail = jax.lax.slice_in_dim(head.weight, num_full * chunk, vocab, axis=axis)
+    carry = accumulate(carry, logits_of(tail))
+  running_max, sum_exp = carry
+  log_z = running_max + jnp.log(sum_exp)                              # [B, A]
+
+  targets = targets.astype(jnp.int32)
+  if head.vocab_major:
+    rows = jnp.take(head.weight, targets, axis=0).astype(head.dtype)  # [B, A, D]
+    picked = jnp.einsum('BAD,BAD->BA', h, rows, preferred_element_type=jnp.float32)
+  else:
+    cols = jnp.take(head.weight, targets, axis=1).astype(head.dtype)  # [D, B, A]
+    picked = jnp.einsum('BAD,DBA->BA', h, cols, preferred_element_type=jnp.float32)
+  return _softcap(picked, head.softcap) - log_z
+
+
+# ----------------------------------------------------------------------------- pure scoring fns
+
+
+class LogLikelihood(NamedTuple):
+  """Per-example target log-likelihoods (a pytree).
+
+  Attributes:
+    total: ``[B]`` float32 sum of ``log p`` over the target tokens.
+    token_log_probs: ``[B, A]`` float32 per target token (0 in padding slots).
+    num_tokens: ``[B]`` int32 number of target tokens.
+  """
+  total: jax.Array
+  token_log_probs: jax.Array
+  num_tokens: jax.Array
+
+
+def _log_likelihood(hidden: jax.Array, predict_index: jax.Array, target_ids: jax.Array,
+                    target_mask: jax.Array, head: OutputHead, vocab_chunk: int) -> LogLikelihood:
+  """Gathers ``hidden [B, T, D]`` at ``predict_index [B, A]`` and scores ``target_ids [B, A]``."""
+  h = jnp.take_along_axis(hidden, predict_index[..., None].astype(jnp.int32), axis=1)  # [B, A, D]
+  h = sharding.with_logical_constraint(h, ('batch', None, 'embed'))
+  mask = target_mask.astype(bool)
+  log_probs = jnp.where(mask, target_log_probs(h, target_ids, head, vocab_chunk=vocab_chunk), 0.0)
+  return LogLikelihood(jnp.sum(log_probs, axis=-1), log_probs,
+                       jnp.sum(mask, axis=-1, dtype=jnp.int32))
+
+
+def causal_log_likelihood(model: GemmaModel, input_ids: jax.Array, attention_mask: jax.Array,
+                          predict_index: jax.Array, target_ids: jax.Array, target_mask: jax.Array,
+                          *, vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> LogLikelihood:
+  """Teacher-forced target log-likelihood of a decoder-only LM.
+
+  Args:
+    model: a causal :class:`GemmaModel`.
+    input_ids: ``[B, T]`` context then target tokens, padded (any side).
+    attention_mask: ``[B, T]`` 1 = real token.
+    predict_index: ``[B, A]`` index ``t`` whose hidden state predicts each target
+      token (the token at ``t + 1``).
+    target_ids: ``[B, A]`` target token ids.
+    target_mask: ``[B, A]`` 1 = a real target token.
+    vocab_chunk: rows of the head per chunk.
+  """
+  hidden = model.hidden_states(input_ids, attention_mask)                       # [B, T, D]
+  return _log_likelihood(hidden, predict_index, target_ids, target_mask, output_head(model),
+                         vocab_chunk)
+
+
+def seq2seq_log_likelihood(model: T5Model, input_ids: jax.Array, attention_mask: jax.Array,
+                           labels: jax.Array, label_mask: jax.Array, *,
+                           vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> LogLikelihood:
+  """Teacher-forced log-likelihood of decoder ``labels [B, A]`` given encoder ``input_ids [B, S]``.
+
+  The decoder reads ``[decoder_start] + labels[:-1]``; ``label_mask [B, A]`` marks real labels
+  (right-padded).
+  """
+  start = jnp.full(labels[:, :1].shape, model.config.decoder_start_token_id, labels.dtype)
+  decoder_ids = jnp.concatenate([start, labels[:, :-1]], axis=1)                 # [B, A]
+  decoder_mask = jnp.concatenate([jnp.ones_like(label_mask[:, :1]), label_mask[:, :-1]], axis=1)
+  encoded = model.encode(input_ids, attention_mask)                              # [B, S, D]
+  hidden = model.decode_hidden(decoder_ids, encoded, attention_mask, decoder_mask)  # [B, A, D]
+  index = jnp.broadcast_to(jnp.arange(labels.shape[1], dtype=jnp.int32), labels.shape)
+  return _log_likelihood(hidden, index, labels, label_mask, output_head(model), vocab_chunk)
+
+
+class PrefixState(NamedTuple):
+  """A prompt prefix encoded once: its batch-1 KV cache and its last hidden state ``[1, D]``."""
+  cache: DecodeCache
+  last_hidden: jax.Array
+
+
+def encode_prefix(model: GemmaModel, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                  capacity: int) -> PrefixState:
+  """Prefills ``prefix_ids [1, P]`` (left-padded, ``prefix_mask [1, P]``) into a cache of ``capacity``."""
+  cache = model.init_cache(prefix_ids.shape[0], capacity)
+  hidden, cache = model.prefill(prefix_ids, prefix_mask, cache, return_hidden=True)  # [1, P, D]
+  return PrefixState(cache, hidden[:, -1])
+
+
+def _batch_constrained(cache: DecodeCache) -> DecodeCache:
+  """Shards every per-row cache leaf on its leading axis (no-op without a mesh)."""
+  def one(x):
+    return x if x.ndim == 0 else sharding.with_logical_constraint(x, ('batch',) + (None,) * (x.ndim - 1))
+  return jax.tree.map(one, cache)
+
+
+def continuation_log_likelihood(model: GemmaModel, prefix: PrefixState, input_ids: jax.Array,
+                                attention_mask: jax.Array, predict_index: jax.Array,
+                                target_ids: jax.Array, target_mask: jax.Array, *,
+                                vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> LogLikelihood:
+  """Target log-likelihood of ``B`` continuations of one encoded prefix.
+
+  Args:
+    model: a causal :class:`GemmaModel`.
+    prefix: from :func:`encode_prefix` (batch 1; tiled here to ``B``).
+    input_ids: ``[B, T]`` suffix then target tokens, right-padded.
+    attention_mask: ``[B, T]`` 1 = real token.
+    predict_index: ``[B, A]`` index into ``[prefix's last token, chunk tokens 0..T-1]``
+      of the hidden state predicting each target token: a target at chunk index
+      ``j`` has ``predict_index = j``.
+    target_ids, target_mask: ``[B, A]``.
+  """
+  batch = input_ids.shape[0]
+  cache = _batch_constrained(prefix.cache.tile(batch))
+  hidden, _ = model.prefill(input_ids, attention_mask, cache, return_hidden=True)  # [B, T, D]
+  last = jnp.broadcast_to(prefix.last_hidden[:, None].astype(hidden.dtype),
+                          (batch, 1, hidden.shape[-1]))
+  hidden = jnp.concatenate([last, hidden], axis=1)                                 # [B, 1+T, D]
+  return _log_likelihood(hidden, predict_index, target_ids, target_mask, output_head(model),
+                         vocab_chunk)
+
+
+# ----------------------------------------------------------------------------- jitted entry points
+
+
+def _replicated(tree):
+  """Gathers the (small) per-example results onto every device, so every process can read them."""
+  if jax.sharding.get_abstract_mesh().empty:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec()),
+                      tree)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'vocab_chunk'))
+def _causal_jit(graphdef, state, batch, *, vocab_chunk):
+  return _replicated(causal_log_likelihood(nnx.merge(graphdef, state), **batch,
+                                           vocab_chunk=vocab_chunk))
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'vocab_chunk'))
+def _seq2seq_jit(graphdef, state, batch, *, vocab_chunk):
+  return _replicated(seq2seq_log_likelihood(nnx.merge(graphdef, state), **batch,
+                                            vocab_chunk=vocab_chunk))
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'capacity'))
+def _prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity):
+  return encode_prefix(nnx.merge(graphdef, state), prefix_ids, prefix_mask, capacity)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'vocab_chunk'))
+def _continuation_jit(graphdef, state, prefix, batch, *, vocab_chunk):
+  return _replicated(continuation_log_likelihood(nnx.merge(graphdef, state), prefix, **batch,
+                                                 vocab_chunk=vocab_chunk))
+
+
+# ----------------------------------------------------------------------------- host-side batching
+
+
+@dataclasses.dataclass
+class Scores:
+  """Host-side results for ``N`` examples, in input order.
+
+  Attributes:
+    total: ``[N]`` float32 sum of target-token log-probabilities.
+    num_tokens: ``[N]`` int number of target tokens.
+    token_log_probs: ``N`` arrays ``[num_tokens[i]]`` of per-token log-probabilities.
+  """
+  total: np.ndarray
+  num_tokens: np.ndarray
+  token_log_probs: list[np.ndarray]
+
+  @property
+  def mean(self) -> np.ndarray:
+    """``[N]`` per-token mean log-probability (0 for an empty target)."""
+    return self.total / np.maximum(self.num_tokens, 1)
+
+  def reduce(self, reduction: str) -> np.ndarray:
+    if reduction == 'sum':
+      return self.total
+    if reduction == 'mean':
+      return self.mean
+    raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+
+
+def _pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, *,
+              left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """Ragged int rows -> ``ids, mask [len(rows), length]`` padded on the right (or left)."""
+  ids = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    n = len(row)
+    span = slice(length - n, length) if left else slice(0, n)
+    ids[i, span] = row
+    mask[i, span] = 1
+  return ids, mask
+
+
+def _targets(targets: Sequence[Sequence[int]], starts: Sequence[int], slots: int
+             ) -> dict[str, np.ndarray]:
+  """``predict_index / target_ids / target_mask [B, slots]``: target ``k`` of row ``i`` is
+  predicted by hidden state ``starts[i] + k``."""
+  index = np.zeros((len(targets), slots), np.int32)
+  ids, mask = _pad_rows(targets, slots, 0)
+  for i, (target, start) in enumerate(zip(targets, starts)):
+    index[i, :len(target)] = start + np.arange(len(target))
+  return {'predict_index': index, 'target_ids': ids, 'target_mask': mask}
+
+
+def _batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+  """Example indices sorted by length (longest first), cut into batches."""
+  order = np.argsort(-np.asarray(lengths), kind='stable')
+  return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _fill(rows: list, batch_size: int) -> list:
+  """Pads a short last batch with repeats of its last row (one compiled batch size)."""
+  return rows + [rows[-1]] * (batch_size - len(rows))
+
+
+def _collect(results: list[tuple[np.ndarray, LogLikelihood]], n: int) -> Scores:
+  total = np.zeros((n,), np.float32)
+  num_tokens = np.zeros((n,), np.int32)
+  per_token: list[np.ndarray | None] = [None] * n
+  for index, ll in results:
+    ll = jax.device_get(ll)
+    k = len(index)
+    total[index] = ll.total[:k]
+    num_tokens[index] = ll.num_tokens[:k]
+    for row, i in enumerate(index):
+      per_token[i] = np.asarray(ll.token_log_probs[row, :ll.num_tokens[row]], np.float32)
+  return Scores(total, num_tokens, per_token)
+
+
+class _Scorer:
+  """Batching, bucketing and mesh placement shared by the two scorers."""
+
+  def __init__(self, model: nnx.Module, tokenizer, *, batch_size: int, mesh, vocab_chunk: int,
+               length_buckets: Sequence[int], target_buckets: Sequence[int]):
+    self.model = model
+    self.tokenizer = tokenizer
+    self.batch_size = int(batch_size)
+    self.mesh = mesh
+    self.vocab_chunk = int(vocab_chunk)
+    self.length_buckets = tuple(length_buckets)
+    self.target_buckets = tuple(target_buckets)
+    if mesh is not None:
+      shards = sharding.batch_shards(mesh)
+      if self.batch_size % shards:
+        raise ValueError(f'batch_size={batch_size} is not a multiple of the {shards} batch shards '
+                         f'of mesh {dict(mesh.shape)}')
+      sharding.place_on_mesh(model, mesh)
+    pad = getattr(tokenizer, 'pad_token_id', None) if tokenizer is not None else None
+    self.pad_id = int(pad if pad is not None else 0)
+
+  def _length(self, n: int) -> int:
+    return decoding.bucket_length(max(n, 1), self.length_buckets)
+
+  def _slots(self, n: int) -> int:
+    return decoding.bucket_length(max(n, 1), self.target_buckets)
+
+  def _put(self, batch):
+    """Numpy batch -> device arrays; with a mesh, split over the batch axes ``('data', 'fsdp')``.
+
+    Every process holds the same examples and passes the whole (global) batch; each
+    device takes its rows of it.
+    """
+    if self.mesh is None:
+      return jax.tree.map(jnp.asarray, batch)
+    spec = sharding.batch_sharding(self.mesh)
+    return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, spec, lambda i: x[i]), batch)
+
+  def _run(self, fn: Callable, *args, **kwargs):
+    if self.mesh is None:
+      return fn(*args, **kwargs)
+    with sharding.use_mesh(self.mesh):
+      return fn(*args, **kwargs)
+
+  def _encode(self, texts: Sequence[str], special: bool) -> list[list[int]]:
+    if not texts:
+      return []
+    return [list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)['input_ids']]
+
+  @staticmethod
+  def _check_lengths(a: Sequence, b: Sequence, what: str) -> None:
+    if len(a) != len(b):
+      raise ValueError(f'{len(a)} {what} for {len(b)} targets')
+
+
+class CausalScorer(_Scorer):
+  """``log p(target | context)`` under a causal (decoder-only) LM, from strings.
+
+  The context is tokenised with the tokenizer's special tokens (BOS for Gemma),
+  the target without, and appended right after (the NQ protocol scores
+  `` {answer}`` after ``'...\\nAnswer:'``). Examples are sorted by length,
+  right-padded to a length bucket and run in batches of ``batch_size`` (the
+  last one filled with repeats).
+
+  Args:
+    model: a causal :class:`GemmaModel` (float32 or bfloat16 compute).
+    tokenizer: a Hugging Face tokenizer (``tokenizer(texts, add_special_tokens=...)``).
+    batch_size: rows per compiled call; a multiple of the mesh's batch shards.
+    mesh: optional :func:`recomp_jax.sharding.make_mesh` mesh; the model is placed
+      on it in place (:func:`recomp_jax.sharding.place_on_mesh`) and each batch is
+      split over its ``('data', 'fsdp')`` axes.
+    vocab_chunk: vocabulary rows per head chunk.
+    length_buckets, target_buckets: padded lengths of sequences and targets.
+  """
+
+  def __init__(self, model: GemmaModel, tokenizer=None, *, batch_size: int = 16, mesh=None,
+               vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+               length_buckets: Sequence[int] = LENGTH_BUCKETS,
+               target_buckets: Sequence[int] = TARGET_BUCKETS):
+    if getattr(model.config, 'use_bidirectional_attention', False):
+      raise ValueError('a bidirectional Gemma is not a causal LM; it cannot score continuations')
+    super().__init__(model, tokenizer, batch_size=batch_size, mesh=mesh, vocab_chunk=vocab_chunk,
+                     length_buckets=length_buckets, target_buckets=target_buckets)
+
+  # -- full strings --------------------------------------------------------------
+
+  def score(self, contexts: Sequence[str], targets: Sequence[str], *,
+            reduction: str = 'sum') -> np.ndarray:
+    """``[N]`` float32 ``log p(target_i | context_i)`` summed (or ``'mean'``) over target tokens."""
+    return self.score_details(contexts, targets).reduce(reduction)
+
+  def score_details(self, contexts: Sequence[str], targets: Sequence[str]) -> Scores:
+    """Like :meth:`score`, with per-token log-probabilities and token counts."""
+    self._check_lengths(contexts, targets, 'contexts')
+    return self.score_ids(self._encode(contexts, True), self._encode(targets, False))
+
+  def score_ids(self, context_ids: Sequence[Sequence[int]],
+                target_ids: Sequence[Sequence[int]]) -> Scores:
+    """Token-level :meth:`score_details`: ``context_ids`` already include BOS."""
+    self._check_lengths(context_ids, target_ids, 'contexts')
+    if any(len(c) == 0 for c in context_ids):
+      raise ValueError('every context needs at least one token (BOS) to predict the target from')
+    graphdef, state = nnx.split(self.model)
+    lengths = [len(c) + len(t) for c, t in zip(context_ids, target_ids)]
+    results = []
+    for index in _batches(lengths, self.batch_size):
+      rows = _fill(list(index), self.batch_size)
+      contexts = [list(context_ids[i]) for i in rows]
+      targets = [list(target_ids[i]) for i in rows]
+      ids, mask = _pad_rows([c + t for c, t in zip(contexts, targets)],
+                            self._length(max(lengths[i] for i in rows)), self.pad_id)
+      batch = {'input_ids': ids, 'attention_mask': mask,
+               **_targets(targets, [len(c) - 1 for c in contexts],
+                          self._slots(max(len(t) for t in targets)))}
+      out = self._run(_causal_jit, graphdef, state, self._put(batch), vocab_chunk=self.vocab_chunk)
+      results.append((index, out))
+    return _collect(results, len(context_ids))
+
+  # -- shared prefix -------------------------------------------------------------
+
+  def score_with_shared_prefix(self, prefix: str, suffixes: Sequence[str], targets: Sequence[str],
+                               *, reduction: str = 'sum') -> np.ndarray:
+    """``[N]`` ``log p(target_i | prefix + suffix_i)``, encoding ``prefix`` once.
+
+    ``prefix`` is tokenised with special tokens (BOS), suffixes and targets
+    without, so the result equals :meth:`score` on ``prefix + suffix_i``
+    whenever the tokenizer splits the joined string at the prefix boundary
+    too (e.g. a prefix ending in ``'\\n\\n'`` for Gemma).
+    """
+    return self.score_details_with_shared_prefix(prefix, suffixes, targets).reduce(reduction)
+
+  def score_details_with_shared_prefix(self, prefix: str, suffixes: Sequence[str],
+                                       targets: Sequence[str]) -> Scores:
+    self._check_lengths(suffixes, targets, 'suffixes')
+    return self.score_ids_with_shared_prefix(self._encode([prefix], True)[0],
+                                             self._encode(suffixes, False),
+                                             self._encode(targets, False))
+
+  def score_ids_with_shared_prefix(self, prefix_ids: Sequence[int],
+                                   suffix_ids: Sequence[Sequence[int]],
+                                   target_ids: Sequence[Sequence[int]]) -> Scores:
+    """Token-level shared-prefix scoring (``prefix_ids`` include BOS).
+
+    The prefix is left-padded to its bucket and prefilled once into a batch-1
+    cache sized for the longest candidate; each batch of candidates (suffix +
+    target, right-padded to a chunk bucket) is one more prefill on the tiled
+    cache, and the head runs at the target positions only.
+    """
+    self._check_lengths(suffix_ids, target_ids, 'suffixes')
+    if not prefix_ids:
+      raise ValueError('the shared prefix is empty; use score_ids')
+    if not suffix_ids:
+      return Scores(np.zeros((0,), np.float32), np.zeros((0,), np.int32), [])
+    graphdef, state = nnx.split(self.model)
+    lengths = [len(s) + len(t) for s, t in zip(suffix_ids, target_ids)]
+    prefix_len = self._length(len(prefix_ids))
+    capacity = prefix_len + self._length(max(lengths))
+    ids, mask = _pad_rows([list(prefix_ids)], prefix_len, self.pad_id, left=True)
+    if self.mesh is not None:
+      replicated = sharding.replicated(self.mesh)
+      ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
+                   for x in (ids, mask))
+    prefix = self._run(_prefix_jit, graphdef, state, ids, mask, capacity=capacity)
+    results = []
+    for index in _batches(lengths, self.batch_size):
+      rows = _fill(list(index), self.batch_size)
+      suffixes = [list(suffix_ids[i]) for i in rows]
+      targets = [list(target_ids[i]) for i in rows]
+      chunk_ids, chunk_mask = _pad_rows([s + t for s, t in zip(suffixes, targets)],
+                                        self._length(max(lengths[i] for i in rows)), self.pad_id)
+      batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
+               **_targets(targets, [len(s) for s in suffixes],
+                          self._slots(max(len(t) for t in targets)))}
+      out = self._run(_continuation_jit, graphdef, state, prefix, self._put(batch),
+                      vocab_chunk=self.vocab_chunk)
+      results.append((index, out))
+    return _collect(results, len(suffix_ids))
+
+
+class Seq2SeqScorer(_Scorer):
+  """``log p(target | context)`` under an encoder-decoder (T5), from strings.
+
+  The encoder reads the context tokenised with special tokens (T5 appends
+  EOS); the decoder labels are the target's tokens followed by EOS when
+  ``add_eos`` (the usual T5 training target), or the bare tokens.
+
+  Args: as :class:`CausalScorer`, plus ``add_eos``.
+  """
+
+  def __init__(self, model: T5Model, tokenizer=None, *, batch_size: int = 16, mesh=None,
+               add_eos: bool = True, vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+               length_buckets: Sequence[int] = LENGTH_BUCKETS,
+               target_buckets: Sequence[int] = TARGET_BUCKETS):
+    if model.decoder is None:
+      raise ValueError('this T5 model is encoder-only (T5EncoderModel): it cannot score targets')
+    super().__init__(model, tokenizer, batch_size=batch_size, mesh=mesh, vocab_chunk=vocab_chunk,
+                     length_buckets=length_buckets, target_buckets=target_buckets)
+    self.add_eos = add_eos
+    self.pad_id = int(model.config.pad_token_id)
+    self.eos_id = int(model.config.eos_token_ids[0])
+
+  def score(self, contexts: Sequence[str], targets: Sequence[str], *,
+            reduction: str = 'sum') -> np.ndarray:
+    """``[N]`` float32 ``log p(labels_i | context_i)`` summed (or ``'mean'``) over label tokens."""
+    return self.score_details(contexts, targets).reduce(reduction)
+
+  def score_details(self, contexts: Sequence[str], targets: Sequence[str]) -> Scores:
+    self._check_lengths(contexts, targets, 'contexts')
+    labels = self._encode(targets, False)
+    if self.add_eos:
+      labels = [t + [self.eos_id] for t in labels]
+    return self.score_ids(self._encode(contexts, True), labels)
+
+  def score_ids(self, context_ids: Sequence[Sequence[int]],
+                label_ids: Sequence[Sequence[int]]) -> Scores:
+    """Token-level scoring: encoder ids (EOS included) and decoder labels as given."""
+    self._check_lengths(context_ids, label_ids, 'contexts')
+    graphdef, state = nnx.split(self.model)
+    lengths = [len(c) for c in context_ids]
+    results = []
+    for index in _batches(lengths, self.batch_size):
+      rows = _fill(list(index), self.batch_size)
+      ids, mask = _pad_rows([context_ids[i] for i in rows],
+                            self._length(max(lengths[i] for i in rows)), self.pad_id)
+      labels, label_mask = _pad_rows([label_ids[i] for i in rows],
+                                     self._slots(max(len(label_ids[i]) for i in rows)), self.pad_id)
+      batch = {'input_ids': ids, 'attention_mask': mask, 'labels': labels, 'label_mask': label_mask}
+      out = self._run(_seq2seq_jit, graphdef, state, self._put(batch), vocab_chunk=self.vocab_chunk)
+      results.append((index, out))
+    return _collect(results, len(context_ids))
+
+
+# ----------------------------------------------------------------------------- exact match
+
+
+class Seq2SeqGenerator:
+  """Prompt strings -> greedy (or sampled) texts with :func:`recomp_jax.models.t5.generate`.
+
+  Same call signature as :class:`recomp_jax.models.gemma_decoding.Generator`:
+  prompts are tokenised with special tokens, right-padded and run in batches of
+  ``batch_size`` (the last one filled with repeats), texts cut at the first
+  stop string.
+  """
+
+  def __init__(self, model: T5Model, tokenizer, *, batch_size: int = 8):
+    self.model = model
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self._stop_masks: dict[tuple[str, ...], np.ndarray] = {}
+
+  def stop_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
+    key = tuple(stop_strings)
+    if key not in self._stop_masks:
+      from recomp_jax.models import t5
+      self._stop_masks[key] = t5.default_stop_mask(self.model.config, self.tokenizer, key)
+    return self._stop_masks[key]
+
+  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
+               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
+               top_p: float = 1.0, seed: int = 0) -> list[str]:
+    from recomp_jax.models import t5
+    sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
+                                       max_new_tokens=max_new_tokens)
+    stop_mask = self.stop_mask(stop_strings)
+    rng = jax.random.key(seed)
+    texts: list[str] = []
+    for begin in range(0, len(prompts), self.batch_size):
+      batch = list(prompts[begin:begin + self.batch_size])
+      real = len(batch)
+      enc = self.tokenizer(_fill(batch, self.batch_size), padding=True, return_tensors='np')
+      rng, sub = jax.random.split(rng)
+      tokens, lengths = t5.generate(self.model, enc['input_ids'], enc['attention_mask'],
+                                    sampling=sampling, stop_mask=stop_mask, rng=sub)
+      tokens, lengths = jax.device_get((tokens, lengths))
+      texts += decoding.decode_texts(self.tokenizer, tokens[:real], lengths[:real], stop_strings)
+    return texts
+
+
+def answer_and_score(generator: Callable[..., list[str]], prompts: Sequence[str],
+                     answers: Sequence[Sequence[str]], *, max_new_tokens: int = 12,
+                     stop_strings: Sequence[str] = ('\n',)) -> dict[str, Any]:
+  """Greedy answers for reader prompts, scored by EM / F1 (NQ protocol).
+
+  Args:
+    generator: ``(prompts, *, max_new_tokens, stop_strings) -> texts``, e.g.
+      :class:`recomp_jax.models.gemma_decoding.Generator` or :class:`Seq2SeqGenerator`.
+    prompts: ``N`` prompt strings (:func:`recomp_jax.prompts.build_prompt`).
+    answers: ``N`` lists of gold answers.
+    max_new_tokens, stop_strings: the protocol's 12 tokens, cut at the first newline.
+  Returns:
+    ``{'predictions': N stripped answers, 'em': %, 'f1': %, 'n', 'em_per_example' [N],
+    'f1_per_example' [N]}``.
+  """
+  if len(prompts) != len(answers):
+    raise ValueError(f'{len(prompts)} prompts for {len(answers)} answer lists')
+  texts = generator(list(prompts), max_new_tokens=max_new_tokens, stop_strings=stop_strings)
+  predictions = [postprocess_answer(t) for t in texts]
+  return {'predictions': predictions, **evaluation.qa_scores(predictions, answers)}
+
+
+class ExactMatchScorer:
+  """EM / F1 of a reader's greedy answers: a Gemma or T5 model with its tokenizer.
+
+  ``scorer(prompts, answers)`` is :func:`answer_and_score` with the protocol's
+  settings (``max_new_tokens=12``, stop at ``'\\n'``).
+  """
+
+  def __init__(self, model: nnx.Module, tokenizer, *, batch_size: int = 8,
+               max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)):
+    if isinstance(model, GemmaModel):
+      from recomp_jax.models.gemma_decoding import Generator
+      self.generator = Generator(model, tokenizer, batch_size=batch_size)
+    elif isinstance(model, T5Model):
+      self.generator = Seq2SeqGenerator(model, tokenizer, batch_size=batch_size)
+    else:
+      raise TypeError(f'no generator for {type(model).__name__}')
+    self.max_new_tokens = max_new_tokens
+    self.stop_strings = tuple(stop_strings)
+
+  def __call__(self, prompts: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, Any]:
+    return answer_and_score(self.generator, prompts, answers, max_new_tokens=self.max_new_tokens,
+                            stop_strings=self.stop_strings)
+
+
+__all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'ExactMatchScorer', 'LENGTH_BUCKETS',
+           'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores', 'Seq2SeqGenerator',
+           'Seq2SeqScorer', 'TARGET_BUCKETS', 'answer_and_score', 'causal_log_likelihood',
+           'continuation_log_likelihood', 'encode_prefix', 'output_head',
+           'seq2seq_log_likelihood', 'target_log_probs']
