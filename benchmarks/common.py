@@ -11,6 +11,8 @@ from typing import Callable
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+# torch's OpenMP workers otherwise spin after each op and slow XLA's thread pool in the same process.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 
 def timeit(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 3) -> float:
