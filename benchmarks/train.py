@@ -27,7 +27,9 @@ params + Adam moments).
 Memory: without rematerialisation our step keeps every layer's exact-GELU
 and LayerNorm intermediates for the backward pass, about 0.23 GB per query
 (64 queries: ~15 GB of XLA temporaries, against ~9 GB for PyTorch, whose
-fused kernels save less); use ``--queries 32`` or ``--sequential`` on a machine with < 32 GB.
+fused kernels save less). At 64 queries the default mode (every side resident,
+steps timed in interleaved rounds) needs ~30 GB and ``--sequential`` ~17 GB;
+use ``--queries 32`` on smaller machines.
 """
 
 from __future__ import annotations
