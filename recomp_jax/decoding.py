@@ -130,6 +130,31 @@ def decode_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
   return texts
 
 
+def generate_texts(generate_batch: Callable[[np.ndarray, np.ndarray, jax.Array], tuple[jax.Array, jax.Array]],
+                   tokenizer, prompts: Sequence[str], *, batch_size: int,
+                   stop_strings: Sequence[str] = (), seed: int = 0,
+                   padding_side: str | None = None) -> list[str]:
+  """Prompt strings -> texts, for any model's ``generate_batch(ids, mask, rng) -> (tokens, lengths)``.
+
+  Prompts run in batches of ``batch_size`` (a short last batch is filled with
+  repeats of its last prompt, so one compiled batch size serves all), each batch
+  with its own split of ``jax.random.key(seed)``; texts are cut at the first
+  stop string. ``padding_side`` None keeps the tokenizer's default.
+  """
+  pad_kwargs = {} if padding_side is None else {'padding_side': padding_side}
+  rng = jax.random.key(seed)
+  texts: list[str] = []
+  for begin in range(0, len(prompts), batch_size):
+    batch = list(prompts[begin:begin + batch_size])
+    real = len(batch)
+    batch += [batch[-1]] * (batch_size - real)
+    enc = tokenizer(batch, padding=True, return_tensors='np', **pad_kwargs)
+    rng, sub = jax.random.split(rng)
+    tokens, lengths = jax.device_get(generate_batch(enc['input_ids'], enc['attention_mask'], sub))
+    texts += decode_texts(tokenizer, tokens[:real], lengths[:real], stop_strings)
+  return texts
+
+
 def bucket_length(length: int, buckets: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024, 2048,
                                                          4096, 8192)) -> int:
   """Smallest bucket >= ``length`` (multiples of the largest beyond it): bounds recompiles."""

@@ -662,18 +662,12 @@ class Seq2SeqGenerator:
     sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
                                        max_new_tokens=max_new_tokens)
     stop_mask = self.stop_mask(stop_strings)
-    rng = jax.random.key(seed)
-    texts: list[str] = []
-    for begin in range(0, len(prompts), self.batch_size):
-      batch = list(prompts[begin:begin + self.batch_size])
-      real = len(batch)
-      enc = self.tokenizer(_fill(batch, self.batch_size), padding=True, return_tensors='np')
-      rng, sub = jax.random.split(rng)
-      tokens, lengths = t5.generate(self.model, enc['input_ids'], enc['attention_mask'],
-                                    sampling=sampling, stop_mask=stop_mask, rng=sub)
-      tokens, lengths = jax.device_get((tokens, lengths))
-      texts += decoding.decode_texts(self.tokenizer, tokens[:real], lengths[:real], stop_strings)
-    return texts
+
+    def generate_batch(ids, mask, rng):
+      return t5.generate(self.model, ids, mask, sampling=sampling, stop_mask=stop_mask, rng=rng)
+
+    return decoding.generate_texts(generate_batch, self.tokenizer, prompts,
+                                   batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
 
 
 def answer_and_score(generator: Callable[..., list[str]], prompts: Sequence[str],

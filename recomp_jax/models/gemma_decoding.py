@@ -156,20 +156,14 @@ class Generator:
     sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
                                        max_new_tokens=max_new_tokens)
     stop_mask = self.stop_mask(stop_strings)
-    rng = jax.random.key(seed)
-    texts: list[str] = []
-    for begin in range(0, len(prompts), self.batch_size):
-      batch = list(prompts[begin:begin + self.batch_size])
-      real = len(batch)
-      batch += [batch[-1]] * (self.batch_size - real)
-      enc = self.tokenizer(batch, padding=True, padding_side='left', return_tensors='np')
-      rng, sub = jax.random.split(rng)
-      tokens, lengths = generate(self.model, enc['input_ids'], enc['attention_mask'],
-                                 sampling=sampling, stop_mask=stop_mask, rng=sub,
-                                 pad_id=self.pad_id)
-      tokens, lengths = jax.device_get((tokens, lengths))
-      texts += decoding.decode_texts(self.tokenizer, tokens[:real], lengths[:real], stop_strings)
-    return texts
+
+    def generate_batch(ids, mask, rng):
+      return generate(self.model, ids, mask, sampling=sampling, stop_mask=stop_mask, rng=rng,
+                      pad_id=self.pad_id)
+
+    return decoding.generate_texts(generate_batch, self.tokenizer, prompts,
+                                   batch_size=self.batch_size, stop_strings=stop_strings,
+                                   seed=seed, padding_side='left')
 
 
 __all__ = ['Generator', 'copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad',
