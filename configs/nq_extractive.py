@@ -40,11 +40,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.demo_test = 0
 
   c.retrieval = ml_collections.ConfigDict()
-  c.retrieval.method = 'bm25'  # used only for examples without ctxs
+  c.retrieval.method = 'bm25'  # 'bm25' | 'dense'; used only for examples without ctxs
   c.retrieval.corpus_path = ''
   c.retrieval.top_k = 5
   c.retrieval.bm25_k1 = 0.9
   c.retrieval.bm25_b = 0.4
+  c.retrieval.passage_format = 'title_text'  # dense: '{title} {text}' (Contriever) or 'text'
+  c.retrieval.dense_chunk = 8192  # dense: corpus rows per device per top-k scan step
 
   c.candidates = ml_collections.ConfigDict()
   c.candidates.top_docs = 5
@@ -105,6 +107,8 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
   c = base_config()
   if preset == 'paper':
     c.data.source = 'hf'
+    c.retrieval.method = 'dense'  # the encoder below over --config.retrieval.corpus_path
+    c.retrieval.top_k = 5
     c.eval.rows = ('all',)
   elif preset == 'shared':
     c.workdir = 'workdirs/nq_extractive_shared'

@@ -46,6 +46,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # activations
     ('batch', ('data', 'fsdp')),
     ('length', None),
+    ('corpus', ('data', 'fsdp', 'tensor')),  # rows of a dense retrieval index
     # parameters
     ('embed', 'fsdp'),
     ('mlp', 'tensor'),

@@ -180,6 +180,27 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert again['table'] == results['table']
 
 
+def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_models):
+  config = tiny_config(tmp_path / 'dense', tiny_models, **{'retrieval.method': 'dense'})
+  runner = pipeline.StageRunner(config.workdir)
+  models = pipeline._Models(config)  # pylint: disable=protected-access
+  runner.run('data', {}, lambda d: pipeline.stage_data(config, d))
+  summary = pipeline.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
+  assert summary['test']['retrieved'] == summary['test']['examples'] == 4
+  test = [json.loads(line) for line in open(tmp_path / 'r1' / 'test.jsonl')]
+  assert all(len(e['ctxs']) == config.retrieval.top_k for e in test)
+  scores = [[c['score'] for c in e['ctxs']] for e in test]
+  assert all(s == sorted(s, reverse=True) for s in scores)
+  (index_dir,) = os.listdir(tmp_path / 'r1' / 'index')
+  # Rerun: the saved index (same corpus + encoder weights) is loaded, the ranking is unchanged.
+  mtime = os.path.getmtime(tmp_path / 'r1' / 'index' / index_dir / 'embeddings.npy')
+  pipeline.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
+  assert os.listdir(tmp_path / 'r1' / 'index') == [index_dir]
+  assert os.path.getmtime(tmp_path / 'r1' / 'index' / index_dir / 'embeddings.npy') == mtime
+  again = [json.loads(line) for line in open(tmp_path / 'r1' / 'test.jsonl')]
+  assert [[c['id'] for c in e['ctxs']] for e in again] == [[c['id'] for c in e['ctxs']] for e in test]
+
+
 _LABEL_WORKER = r'''
 import sys, time
 sys.path.insert(0, {repo!r})
@@ -195,12 +216,12 @@ extractive.loglik_labels = paced
 config = t.tiny_config({workdir!r}, ({bert!r}, {gemma!r}))
 config.label.questions_per_call = 1
 runner = pipeline.StageRunner(config.workdir)
+models = pipeline._Models(config)
 cfg = config.to_dict()
 for name, fn in (('data', lambda d: pipeline.stage_data(config, d)),
-                 ('retrieve', lambda d: pipeline.stage_retrieve(config, runner.stage_dir('data'), d)),
+                 ('retrieve', lambda d: pipeline.stage_retrieve(config, runner.stage_dir('data'), d, models)),
                  ('candidates', lambda d: pipeline.stage_candidates(config, runner.stage_dir('retrieve'), d))):
   runner.run(name, name, fn)
-models = pipeline._Models(config)
 pipeline.label_split(models, pipeline._read_examples(runner.stage_dir('retrieve') + '/train.jsonl'),
                      pipeline._load_candidates(runner.stage_dir('candidates'), 'train'),
                      {out!r}, signal='loglik', questions_per_call=1)

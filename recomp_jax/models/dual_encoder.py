@@ -162,6 +162,19 @@ class Encoder:
     self.lowercase = lowercase
     pad = tokenizer.pad_token_id
     self.pad_id = model.query_model.config.pad_token_id if pad is None else int(pad)
+    self.mesh = None
+
+  def to_mesh(self, mesh) -> 'Encoder':
+    """Places the model on ``mesh`` (logical-axis rules); batches are then split over ``batch``.
+
+    Every later :meth:`encode` call pads its batches to a multiple of the batch
+    shard count and ``device_put`` s them with the batch sharding, so each device
+    embeds its slice of every batch.
+    """
+    from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
+    sharding.place_on_mesh(self.model, mesh, donate=False)
+    self.mesh = mesh
+    return self
 
   @classmethod
   def from_pretrained(cls, src: str, *, max_length: int | None = None, **kwargs) -> 'Encoder':
@@ -210,17 +223,24 @@ class Encoder:
     order = np.argsort([-len(x) for x in ids], kind='stable')  # longest first
     tower = 'query' if kind == 'query' or self.model.shared else 'passage'
     graphdef, state = nnx.split(self.model)
+    shards, put = 1, (lambda x: x)
+    if self.mesh is not None:
+      from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
+      shards = sharding.batch_shards(self.mesh)
+      batch_size = -(-batch_size // shards) * shards
+      put = functools.partial(jax.device_put, device=sharding.batch_sharding(self.mesh))
     pending = collections.deque()
     for start in range(0, len(ids), batch_size):
       rows = order[start:start + batch_size]
       n_rows = min(batch_size, 1 << (len(rows) - 1).bit_length())  # a power of two unless full
+      n_rows = -(-n_rows // shards) * shards
       length = min(bucket_length(max(len(ids[i]) for i in rows)), max_length)
       batch_ids = np.full((n_rows, length), self.pad_id, np.int32)
       batch_mask = np.zeros((n_rows, length), np.int32)
       for r, i in enumerate(rows):
         batch_ids[r, :len(ids[i])] = ids[i]
         batch_mask[r, :len(ids[i])] = 1
-      pending.append((rows, _encode_batch(graphdef, state, batch_ids, batch_mask, tower)))
+      pending.append((rows, _encode_batch(graphdef, state, put(batch_ids), put(batch_mask), tower)))
       while len(pending) > _IN_FLIGHT or (pending and start + batch_size >= len(ids)):
         done_rows, emb = pending.popleft()  # dispatch is async: fetch a few batches behind
         out[done_rows] = np.asarray(emb)[:len(done_rows)]

@@ -11,6 +11,7 @@ resumes from its last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from absl import logging
 
-from recomp_jax import evaluation, prompts
+from recomp_jax import evaluation, prompts, sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.data import readers
 from recomp_jax.data.schema import Example, FilterReport, Passage
@@ -141,7 +142,7 @@ def stage_data(config, directory: str) -> dict:
   return {'train': len(train), 'dev': len(dev), 'test': len(test), 'filtered': report.to_dict()}
 
 
-def stage_retrieve(config, data_dir: str, directory: str) -> dict:
+def stage_retrieve(config, data_dir: str, directory: str, models: '_Models') -> dict:
   """Fills missing ``ctxs`` by BM25 or dense retrieval over the corpus; passes others through."""
   r = config.retrieval
   summary = {}
@@ -157,9 +158,19 @@ def stage_retrieve(config, data_dir: str, directory: str) -> dict:
           from recomp_jax.retrieval.bm25 import BM25Config, BM25Index
           index = BM25Index.build_or_load(corpus, os.path.join(directory, 'index'),
                                           BM25Config(k1=r.bm25_k1, b=r.bm25_b))
+          search = index.retrieve
+        elif r.method == 'dense':
+          from recomp_jax.retrieval.dense import DenseConfig, DenseIndex
+          mesh = sharding.mesh_from_config(config)
+          encoder = models.encoder().to_mesh(mesh)
+          dense_config = DenseConfig(passage_format=r.passage_format, chunk=r.dense_chunk,
+                                     max_query_length=config.encoder.max_query_length)
+          index = DenseIndex.build_or_load(corpus, encoder, os.path.join(directory, 'index'),
+                                           config=dense_config, mesh=mesh)
+          search = functools.partial(index.retrieve, encoder)
         else:
-          raise ValueError(f'retrieval.method {r.method!r} is not available; use bm25 or give ctxs')
-      retrieved = {e.id: e for e in index.retrieve(missing, k=r.top_k)}
+          raise ValueError(f"retrieval.method must be 'bm25' or 'dense', got {r.method!r}")
+      retrieved = {e.id: e for e in search(missing, k=r.top_k)}
       examples = [retrieved.get(e.id, e) for e in examples]
     _write_examples(os.path.join(directory, f'{split}.jsonl'), examples)
     summary[split] = {'examples': len(examples), 'retrieved': len(missing)}
@@ -458,6 +469,20 @@ def write_results(config, workdir: str, eval_dir: str, runner: StageRunner, summ
   return results
 
 
+_DENSE_ONLY = ('passage_format', 'dense_chunk')
+_BM25_ONLY = ('bm25_k1', 'bm25_b')
+
+
+def _retrieval_inputs(cfg: dict) -> dict:
+  """The retrieval settings that can change the retrieve stage's output (its cache key)."""
+  r = cfg['retrieval']
+  unused = _BM25_ONLY if r.get('method') == 'dense' else _DENSE_ONLY
+  inputs = {k: v for k, v in r.items() if k not in unused}
+  if r.get('method') == 'dense':
+    inputs['encoder'] = cfg['encoder']
+  return inputs
+
+
 def run(config, workdir: str) -> dict:
   """Runs (or resumes) the whole pipeline and writes ``results.md`` / ``results.json``."""
   os.makedirs(workdir, exist_ok=True)
@@ -470,8 +495,8 @@ def run(config, workdir: str) -> dict:
   label_dir, pairs_dir, train_dir, eval_dir = (runner.stage_dir(n) for n in ('label', 'pairs', 'train', 'evaluate'))
   s['data'] = runner.run('data', {'data': cfg['data'], 'seed': config.seed},
                          lambda d: stage_data(config, d))
-  s['retrieve'] = runner.run('retrieve', [s['data'], cfg['retrieval']],
-                             lambda d: stage_retrieve(config, data_dir, d))
+  s['retrieve'] = runner.run('retrieve', [s['data'], _retrieval_inputs(cfg)],
+                             lambda d: stage_retrieve(config, data_dir, d, models))
   s['candidates'] = runner.run('candidates', [s['retrieve'], cfg['candidates']],
                                lambda d: stage_candidates(config, retrieve_dir, d))
   reader_inputs = [s['candidates'], cfg['reader']['model']]
