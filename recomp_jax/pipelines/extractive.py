@@ -122,12 +122,20 @@ def stage_data(config, directory: str) -> dict:
     demo.report.save(os.path.join(directory, 'demo_qa_report.json'))
   elif data.source == 'jsonl':
     examples = list(readers.read_examples(data.train_path, data.flavour, report=report))
+    if data.get('holdout_tail', False):
+      # One development file for both: its last max_eval examples are the test split and
+      # are removed from training (for files without a separate held-out set).
+      if not data.max_eval or os.path.abspath(data.train_path) != os.path.abspath(data.eval_path):
+        raise ValueError('data.holdout_tail needs data.max_eval > 0 and eval_path == train_path')
+      test = examples[-data.max_eval:]
+      examples = examples[:-data.max_eval]
+    else:
+      test = list(readers.read_examples(data.eval_path, data.flavour, report=report))
+      if data.max_eval:
+        test = test[:data.max_eval]
     if data.max_train:
       examples = examples[:data.max_train]
     train, dev = readers.split_train_dev(examples, data.dev_fraction, config.seed)
-    test = list(readers.read_examples(data.eval_path, data.flavour, report=report))
-    if data.max_eval:
-      test = test[:data.max_eval]
   elif data.source == 'hf':
     examples = readers.read_hf(data.hf_name, data.hf_train_split, config=data.hf_config or None,
                                limit=data.max_train or None, report=report)

@@ -1,0 +1,44 @@
+"""RECOMP extractive compressor on HotpotQA (paper §4.2: top-2 sentences for multi-hop questions).
+
+Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
+  paper:  for users with the hub: ``hotpot_qa`` (distractor) from ``datasets``; each
+          question's own 10 paragraphs are its documents (the distractor setting keeps
+          them in ``ctxs``), top 5 documents -> candidates, the top 2 sentences prepended.
+  shared: offline: ``../shared/data/hotpotqa/dev500_ircot.jsonl`` (10 paragraphs per
+          question, 2 supporting): the last ``data.max_eval`` questions are evaluated and never
+          trained on (``data.holdout_tail``), the rest are the training data.
+"""
+
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    'recomp_nq_extractive', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'nq_extractive.py'))
+nq_extractive = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nq_extractive)
+
+
+def get_config(preset: str = 'paper'):
+  c = nq_extractive.base_config()
+  c.eval.top_k_sentences = 2
+  c.candidates.top_docs = 5
+  if preset == 'paper':
+    c.workdir = 'workdirs/hotpotqa_extractive_paper'
+    c.data.source = 'hf'
+    c.data.hf_name = 'hotpot_qa'
+    c.data.hf_config = 'distractor'
+    c.data.hf_train_split = 'train'
+    c.data.hf_eval_split = 'validation'
+  elif preset == 'shared':
+    c.workdir = 'workdirs/hotpotqa_extractive_shared'
+    c.data.source = 'jsonl'
+    c.data.train_path = '../shared/data/hotpotqa/dev500_ircot.jsonl'
+    c.data.eval_path = '../shared/data/hotpotqa/dev500_ircot.jsonl'
+    c.data.max_eval = 100
+    c.data.holdout_tail = True
+    nq_extractive.use_minilm(c)
+    c.train.batch_size = 32
+    c.train.warmup_steps = 30
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
+  return c

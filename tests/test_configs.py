@@ -1,0 +1,56 @@
+"""Every experiment config loads in each preset; the offline presets build their data splits."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(REPO), 'shared', 'data')
+
+PRESETS = {
+    'nq_extractive.py': ('paper', 'shared', 'demo', 'ci', 'quickstart'),
+    'tqa_extractive.py': ('paper', 'shared'),
+    'hotpotqa_extractive.py': ('paper', 'shared'),
+}
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(REPO, 'configs', name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize('name', sorted(PRESETS))
+def test_every_preset_loads_and_unknown_presets_fail(name):
+  module = _load(name)
+  for preset in PRESETS[name]:
+    config = module.get_config(preset)
+    assert config.workdir or preset == 'paper'
+    if config.task == 'extractive':
+      assert config.eval.top_k_sentences == (2 if name.startswith('hotpot') else 1)
+  with pytest.raises(ValueError, match='unknown preset'):
+    module.get_config('nope')
+
+
+@pytest.mark.parametrize('name,n_eval', [('tqa_extractive.py', 500), ('hotpotqa_extractive.py', 100)])
+def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
+  config = _load(name).get_config('shared')
+  path = os.path.join(REPO, config.data.train_path)
+  if not os.path.exists(path):
+    pytest.skip(f'{path} not found (../shared/data is absent)')
+  from recomp_jax.pipelines import extractive as pipeline
+  old = os.getcwd()
+  os.chdir(REPO)
+  try:
+    summary = pipeline.stage_data(config, str(tmp_path))
+  finally:
+    os.chdir(old)
+  assert summary['test'] == n_eval
+  ids = {split: [json.loads(line)['id'] for line in open(tmp_path / f'{split}.jsonl')]
+         for split in ('train', 'dev', 'test')}
+  assert not set(ids['test']) & (set(ids['train']) | set(ids['dev']))
+  total = sum(1 for _ in open(path))
+  assert len(ids['train']) + len(ids['dev']) + len(ids['test']) == total
