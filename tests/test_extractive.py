@@ -72,6 +72,17 @@ def test_pair_arrays_shapes_and_masks():
 # ----------------------------------------------------------------------------- stages
 
 
+def test_gold_passage_row_covers_questions_whose_gold_passage_was_retrieved():
+  from recomp_jax.data.schema import Example, Passage
+  gold = Passage(id='g', title='T', text='gold')
+  hit = Example('a', 'q', ['x'], ctxs=[Passage('p', 'T', 't', is_gold=False), Passage('g', 'T', 'gold', is_gold=True)],
+                gold_ctx=gold)
+  miss = Example('b', 'q', ['x'], ctxs=[Passage('p', 'T', 't', is_gold=False)], gold_ctx=gold)
+  unflagged = Example('c', 'q', ['x'], ctxs=[Passage('p', 'T', 't')], gold_ctx=gold)
+  no_gold = Example('d', 'q', ['x'], ctxs=[Passage('g', 'T', 'gold', is_gold=True)])
+  assert [pipeline._gold_retrieved(e) for e in (hit, miss, unflagged, no_gold)] == [True, False, True, False]
+
+
 def test_resumable_jsonl_drops_a_half_written_record(tmp_path):
   path = str(tmp_path / 'x.jsonl')
   out = ResumableJsonl(path)

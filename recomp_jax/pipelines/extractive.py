@@ -381,9 +381,22 @@ def _evidence_rows(config, examples: list[Example], candidates: dict[str, list[s
         extractive.top_k_evidence(c, np.asarray(test_labels[e.id]['loglik']), k) if c else ''
         for e, c in zip(examples, cands)]
   if 'gold passage' in config.eval.rows:
-    rows['gold passage'] = lambda: [prompts.format_documents([e.gold_ctx]) if e.gold_ctx else None
+    rows['gold passage'] = lambda: [prompts.format_documents([e.gold_ctx]) if _gold_retrieved(e) else None
                                     for e in examples]
   return rows
+
+
+def _gold_retrieved(example: Example) -> bool:
+  """Whether the gold-passage row scores this example (NQ reader protocol).
+
+  The protocol's row covers the questions whose gold passage is among the retrieved
+  ``ctxs`` (``is_gold``); where the data carries no ``is_gold`` flags at all, every
+  example with a ``gold_ctx`` counts.
+  """
+  if example.gold_ctx is None:
+    return False
+  flags = [p.is_gold for p in example.ctxs if p.is_gold is not None]
+  return any(flags) if flags else True
 
 
 def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dir: str | None,
@@ -404,7 +417,7 @@ def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dir: str | No
       continue
     start = time.time()
     evidence = rows[name]()
-    keep = [i for i, ev in enumerate(evidence) if ev is not None]  # gold passage: only where present
+    keep = [i for i, ev in enumerate(evidence) if ev is not None]  # gold passage: only where retrieved
     prompts_ = [prompts.build_prompt(examples[i].question, evidence[i]) for i in keep]
     texts = models.generator(prompts_, max_new_tokens=config.reader.max_new_tokens, stop_strings=['\n'])
     predictions = [prompts.postprocess_answer(t) for t in texts]
