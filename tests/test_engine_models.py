@@ -19,7 +19,6 @@ has fewer devices.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import jax
@@ -30,7 +29,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_sharding import NUM_DEVICES, EngineCase, _host, _max_diff  # noqa: E402
+from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
+from test_sharding import EngineCase, _host, _max_diff  # noqa: E402
 
 from recomp_jax import losses  # noqa: E402
 from recomp_jax import sharding  # noqa: E402
@@ -265,15 +265,7 @@ if jax.device_count() < NUM_DEVICES:
 
   def test_multidevice_suite_in_subprocess():
     """Runs ``TestRealModelsMultiDevice`` with 8 fake CPU devices in a fresh interpreter."""
-    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={NUM_DEVICES}')
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider', os.path.abspath(__file__),
-         '-k', 'TestRealModelsMultiDevice'],
-        env=env, capture_output=True, text=True, timeout=900, cwd=os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__))))
-    report = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, report
-    assert ' passed' in result.stdout and 'skipped' not in result.stdout, report
+    run_with_fake_devices(__file__, 'TestRealModelsMultiDevice')
 
 else:
 

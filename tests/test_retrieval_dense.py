@@ -6,7 +6,6 @@ module reruns itself in a subprocess with
 """
 
 import os
-import subprocess
 import sys
 
 import jax
@@ -18,7 +17,8 @@ from recomp_jax import sharding
 from recomp_jax.data.schema import Example, Passage
 from recomp_jax.retrieval import dense
 
-NUM_DEVICES = 8
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
 
 
 def _brute_force(queries, table, k):
@@ -137,15 +137,7 @@ if jax.device_count() < NUM_DEVICES:
 
   def test_multidevice_in_subprocess():
     """Runs ``TestMultiDevice`` with 8 fake CPU devices in a fresh interpreter."""
-    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={NUM_DEVICES}')
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider', os.path.abspath(__file__),
-         '-k', 'TestMultiDevice'],
-        env=env, capture_output=True, text=True, timeout=600,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    report = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, report
-    assert ' passed' in result.stdout and 'skipped' not in result.stdout, report
+    run_with_fake_devices(__file__, 'TestMultiDevice', timeout=600)
 
 else:
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from typing import Any, Callable
 
@@ -27,13 +26,13 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models  # noqa: E402
+from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
 
 from recomp_jax import sharding  # noqa: E402
 from recomp_jax import train as train_lib  # noqa: E402
 from recomp_jax.checkpoint import Checkpointer, keys_to_data  # noqa: E402
 from recomp_jax.optim import OptimizerConfig  # noqa: E402
 
-NUM_DEVICES = 8
 
 
 # --------------------------------------------------------------------------- single device
@@ -133,15 +132,7 @@ if jax.device_count() < NUM_DEVICES:
 
   def test_multidevice_suite_in_subprocess():
     """Runs ``TestMultiDevice`` with 8 fake CPU devices in a fresh interpreter."""
-    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={NUM_DEVICES}')
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider', os.path.abspath(__file__),
-         '-k', 'TestMultiDevice'],
-        env=env, capture_output=True, text=True, timeout=900, cwd=os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__))))
-    report = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, report
-    assert ' passed' in result.stdout and 'skipped' not in result.stdout, report
+    run_with_fake_devices(__file__, 'TestMultiDevice')
 
 else:
 
