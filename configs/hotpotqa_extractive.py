@@ -9,17 +9,11 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
           trained on (``data.holdout_tail``), the rest are the training data.
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    'recomp_nq_extractive', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'nq_extractive.py'))
-nq_extractive = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nq_extractive)
+from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
 
 
 def get_config(preset: str = 'paper'):
-  c = nq_extractive.base_config()
+  c = base_config()
   c.eval.top_k_sentences = 2
   c.candidates.top_docs = 5
   if preset == 'paper':
@@ -31,14 +25,7 @@ def get_config(preset: str = 'paper'):
     c.data.hf_eval_split = 'validation'
   elif preset == 'shared':
     c.workdir = 'workdirs/hotpotqa_extractive_shared'
-    c.data.source = 'jsonl'
-    c.data.train_path = '../shared/data/hotpotqa/dev500_ircot.jsonl'
-    c.data.eval_path = '../shared/data/hotpotqa/dev500_ircot.jsonl'
-    c.data.max_eval = 100
-    c.data.holdout_tail = True
-    nq_extractive.use_minilm(c)
-    c.train.batch_size = 32
-    c.train.warmup_steps = 30
+    offline_holdout(c, '../shared/data/hotpotqa/dev500_ircot.jsonl', n_eval=100)
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
   return c

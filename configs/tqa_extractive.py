@@ -10,17 +10,11 @@ Presets (``--config=configs/tqa_extractive.py:PRESET``):
           last ``data.max_eval`` questions are never trained on (``data.holdout_tail``).
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    'recomp_nq_extractive', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'nq_extractive.py'))
-nq_extractive = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nq_extractive)
+from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
 
 
 def get_config(preset: str = 'paper'):
-  c = nq_extractive.base_config()
+  c = base_config()
   c.eval.top_k_sentences = 1
   if preset == 'paper':
     c.workdir = 'workdirs/tqa_extractive_paper'
@@ -32,16 +26,9 @@ def get_config(preset: str = 'paper'):
     c.retrieval.method = 'dense'
   elif preset == 'shared':
     c.workdir = 'workdirs/tqa_extractive_shared'
-    c.data.source = 'jsonl'
-    c.data.train_path = '../shared/data/triviaqa/llmfoundry_sm_sub.jsonl'
-    c.data.eval_path = '../shared/data/triviaqa/llmfoundry_sm_sub.jsonl'
-    c.data.max_eval = 500
-    c.data.holdout_tail = True
+    offline_holdout(c, '../shared/data/triviaqa/llmfoundry_sm_sub.jsonl', n_eval=500)
     c.retrieval.method = 'bm25'
     c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
-    nq_extractive.use_minilm(c)
-    c.train.batch_size = 32
-    c.train.warmup_steps = 30
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
   return c
