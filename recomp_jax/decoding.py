@@ -14,6 +14,7 @@ then cuts the decoded text at the first stop string.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -153,6 +154,49 @@ def generate_texts(generate_batch: Callable[[np.ndarray, np.ndarray, jax.Array],
     tokens, lengths = jax.device_get(generate_batch(enc['input_ids'], enc['attention_mask'], sub))
     texts += decode_texts(tokenizer, tokens[:real], lengths[:real], stop_strings)
   return texts
+
+
+class TextGenerator:
+  """Prompt strings -> generated texts for one model (base of the Gemma and T5 generators).
+
+  A subclass says how to build its stop-token mask (:meth:`build_stop_mask`) and
+  how to run one tokenised batch (:meth:`generate_batch`); batching, padding and
+  cutting at stop strings are :func:`generate_texts`. Stop masks are cached per
+  tuple of stop strings. ``padding_side`` None keeps the tokenizer's default.
+  """
+
+  padding_side: str | None = None
+
+  def __init__(self, model, tokenizer, *, batch_size: int = 8):
+    self.model = model
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self._stop_masks: dict[tuple[str, ...], np.ndarray] = {}
+
+  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
+    """``[vocab]`` bool: tokens that end a sequence (EOS and any token completing a stop string)."""
+    raise NotImplementedError
+
+  def generate_batch(self, input_ids: np.ndarray, attention_mask: np.ndarray, rng: jax.Array, *,
+                     sampling: SamplingConfig, stop_mask: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``[B, S]`` ids and mask -> ``(tokens [B, max_new_tokens], lengths [B])``."""
+    raise NotImplementedError
+
+  def stop_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
+    key = tuple(stop_strings)
+    if key not in self._stop_masks:
+      self._stop_masks[key] = self.build_stop_mask(key)
+    return self._stop_masks[key]
+
+  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
+               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
+               top_p: float = 1.0, seed: int = 0) -> list[str]:
+    """Generates one text per prompt, each cut at its first stop string."""
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    generate_batch = functools.partial(self.generate_batch, sampling=sampling,
+                                       stop_mask=self.stop_mask(stop_strings))
+    return generate_texts(generate_batch, self.tokenizer, prompts, batch_size=self.batch_size,
+                          stop_strings=stop_strings, seed=seed, padding_side=self.padding_side)
 
 
 LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,

@@ -633,41 +633,25 @@ class Seq2SeqScorer(_Scorer):
 # ----------------------------------------------------------------------------- exact match
 
 
-class Seq2SeqGenerator:
+class Seq2SeqGenerator(decoding.TextGenerator):
   """Prompt strings -> greedy (or sampled) texts with :func:`recomp_jax.models.t5.generate`.
 
-  Same call signature as :class:`recomp_jax.models.gemma_decoding.Generator`:
-  prompts are tokenised with special tokens, right-padded and run in batches of
-  ``batch_size`` (the last one filled with repeats), texts cut at the first
-  stop string.
+  Same call signature as :class:`recomp_jax.models.gemma_decoding.Generator`
+  (both are :class:`recomp_jax.decoding.TextGenerator`): prompts are tokenised
+  with special tokens, right-padded and run in batches of ``batch_size`` (the
+  last one filled with repeats), texts cut at the first stop string.
   """
 
-  def __init__(self, model: T5Model, tokenizer, *, batch_size: int = 8):
-    self.model = model
-    self.tokenizer = tokenizer
-    self.batch_size = batch_size
-    self._stop_masks: dict[tuple[str, ...], np.ndarray] = {}
+  model: T5Model
 
-  def stop_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
-    key = tuple(stop_strings)
-    if key not in self._stop_masks:
-      from recomp_jax.models import t5
-      self._stop_masks[key] = t5.default_stop_mask(self.model.config, self.tokenizer, key)
-    return self._stop_masks[key]
-
-  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
-               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
-               top_p: float = 1.0, seed: int = 0) -> list[str]:
+  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
     from recomp_jax.models import t5
-    sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
-                                       max_new_tokens=max_new_tokens)
-    stop_mask = self.stop_mask(stop_strings)
+    return t5.default_stop_mask(self.model.config, self.tokenizer, stop_strings)
 
-    def generate_batch(ids, mask, rng):
-      return t5.generate(self.model, ids, mask, sampling=sampling, stop_mask=stop_mask, rng=rng)
-
-    return decoding.generate_texts(generate_batch, self.tokenizer, prompts,
-                                   batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
+  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
+    from recomp_jax.models import t5
+    return t5.generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
+                       rng=rng)
 
 
 def answer_and_score(generator: Callable[..., list[str]], prompts: Sequence[str],

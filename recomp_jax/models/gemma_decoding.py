@@ -125,45 +125,29 @@ def copy_cache(cache: DecodeCache) -> DecodeCache:
   return jax.tree.map(jnp.copy, cache)
 
 
-class Generator:
-  """Prompt strings -> generated texts, batching and caching the stop-token masks.
+class Generator(decoding.TextGenerator):
+  """Prompt strings -> generated texts with :func:`generate` (see :class:`decoding.TextGenerator`).
 
   Prompts are tokenised with the tokenizer's defaults (BOS for Gemma),
   left-padded and run in batches of ``batch_size`` (the last batch is padded
   with repeats, so every batch reuses one compilation per length bucket).
   """
 
+  padding_side = 'left'
+
   def __init__(self, model: GemmaModel, tokenizer, *, batch_size: int = 8):
-    self.model = model
-    self.tokenizer = tokenizer
-    self.batch_size = batch_size
+    super().__init__(model, tokenizer, batch_size=batch_size)
     pad = tokenizer.pad_token_id
     self.pad_id = int(pad if pad is not None else (model.config.pad_token_id or 0))
-    self._stop_masks: dict[tuple[str, ...], np.ndarray] = {}
 
-  def stop_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
-    key = tuple(stop_strings)
-    if key not in self._stop_masks:
-      eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
-      self._stop_masks[key] = decoding.stop_token_mask(
-          self.tokenizer, self.model.config.vocab_size, key, eos_ids=eos)
-    return self._stop_masks[key]
+  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
+    eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
+    return decoding.stop_token_mask(self.tokenizer, self.model.config.vocab_size, stop_strings,
+                                    eos_ids=eos)
 
-  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
-               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
-               top_p: float = 1.0, seed: int = 0) -> list[str]:
-    """Generates one text per prompt, each cut at its first stop string."""
-    sampling = decoding.SamplingConfig(temperature=temperature, top_p=top_p,
-                                       max_new_tokens=max_new_tokens)
-    stop_mask = self.stop_mask(stop_strings)
-
-    def generate_batch(ids, mask, rng):
-      return generate(self.model, ids, mask, sampling=sampling, stop_mask=stop_mask, rng=rng,
-                      pad_id=self.pad_id)
-
-    return decoding.generate_texts(generate_batch, self.tokenizer, prompts,
-                                   batch_size=self.batch_size, stop_strings=stop_strings,
-                                   seed=seed, padding_side='left')
+  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
+    return generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
+                    rng=rng, pad_id=self.pad_id)
 
 
 __all__ = ['Generator', 'copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad',
