@@ -12,6 +12,8 @@ from flax import nnx
 from recomp_jax import checkpoints, decoding
 from recomp_jax.models import gemma, gemma_decoding
 
+import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
+
 torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
 transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
 
@@ -309,20 +311,8 @@ def test_bfloat16_compute(gemma3):
   assert agree[:, 0].all()  # the first greedy token survives bfloat16
 
 
-def _char_tokenizer():
-  """A character-level fast tokenizer with Gemma's special ids (pad 0, eos 1, bos 2)."""
-  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-  specials = ['<pad>', '<eos>', '<bos>', '<unk>']
-  chars = ['\n'] + [chr(c) for c in range(32, 127)]
-  vocab = {tok: i for i, tok in enumerate(specials + chars)}
-  vocab.update({f'<unused{i}>': i for i in range(len(vocab), VOCAB)})
-  tok = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
-  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
-  tok.decoder = decoders.Fuse()
-  tok.post_processor = processors.TemplateProcessing(single='<bos> $A', special_tokens=[('<bos>', 2)])
-  return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<bos>',
-                                              eos_token='<eos>', pad_token='<pad>',
-                                              unk_token='<unk>')
+def _char_tokenizer(seq2seq: bool = False):
+  return tiny_models.char_tokenizer(VOCAB, seq2seq=seq2seq)
 
 
 def test_generator_texts_match_hf_greedy(gemma3):

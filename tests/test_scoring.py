@@ -10,9 +10,6 @@ fast tokenizer makes every string boundary a token boundary. References are HF's
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +22,15 @@ from recomp_jax import checkpoints, scoring, sharding
 from recomp_jax.models import gemma, t5
 from recomp_jax.prompts import FEW_SHOT_PREFIX, build_prompt
 
+import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
+from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
+
 torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
 transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
 
 VOCAB = 128
 WINDOW = 8
 TOL = 1e-4
-NUM_DEVICES = 8
 
 CONTEXTS = ['Question: who?\nAnswer:', 'ab', 'The quick brown fox jumps over it.\nAnswer:',
             'x', 'Hello there, general', 'Q: where is the moon?\nA:']
@@ -42,21 +41,7 @@ SUFFIXES = ['Title: some evidence.\n\nwhere?\nAnswer:', '', 'short\nAnswer:',
 
 
 def _char_tokenizer(seq2seq: bool = False):
-  """Character-level fast tokenizer: pad 0, eos 1, bos 2; Gemma-style BOS or T5-style EOS."""
-  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-  specials = ['<pad>', '<eos>', '<bos>', '<unk>']
-  chars = ['\n'] + [chr(c) for c in range(32, 127)]
-  vocab = {tok: i for i, tok in enumerate(specials + chars)}
-  vocab.update({f'<unused{i}>': i for i in range(len(vocab), VOCAB)})
-  tok = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
-  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
-  tok.decoder = decoders.Fuse()
-  if seq2seq:
-    tok.post_processor = processors.TemplateProcessing(single='$A <eos>', special_tokens=[('<eos>', 1)])
-  else:
-    tok.post_processor = processors.TemplateProcessing(single='<bos> $A', special_tokens=[('<bos>', 2)])
-  return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<bos>',
-                                              eos_token='<eos>', pad_token='<pad>', unk_token='<unk>')
+  return tiny_models.char_tokenizer(VOCAB, seq2seq=seq2seq)
 
 
 def _randomize(model, scale: float = 0.3):
@@ -335,15 +320,7 @@ if jax.device_count() < NUM_DEVICES:
 
   def test_multidevice_in_subprocess():
     """Runs ``TestMultiDevice`` with 8 fake CPU devices in a fresh interpreter."""
-    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={NUM_DEVICES}')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
-         os.path.abspath(__file__), '-k', 'TestMultiDevice'],
-        env=env, capture_output=True, text=True, timeout=600, cwd=root)
-    report = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, report
-    assert ' passed' in result.stdout and 'skipped' not in result.stdout, report
+    run_with_fake_devices(__file__, 'TestMultiDevice', timeout=600)
 
 else:
 

@@ -108,3 +108,25 @@ def token_data(num_examples: int = 64, length: int = 9, vocab_size: int = 32, se
     lengths = rng.integers(length // 2, length + 1, num_examples)
     mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
   return {'tokens': tokens.astype(np.int32), 'mask': mask}
+
+
+def char_tokenizer(vocab_size: int, seq2seq: bool = False):
+  """Character-level fast tokenizer of ``vocab_size`` ids: pad 0, eos 1, bos 2.
+
+  Gemma-style (``<bos>`` first) by default, T5-style (``<eos>`` last) with ``seq2seq``.
+  """
+  import transformers
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+  specials = ['<pad>', '<eos>', '<bos>', '<unk>']
+  chars = ['\n'] + [chr(c) for c in range(32, 127)]
+  vocab = {tok: i for i, tok in enumerate(specials + chars)}
+  vocab.update({f'<unused{i}>': i for i in range(len(vocab), vocab_size)})
+  tok = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
+  tok.decoder = decoders.Fuse()
+  if seq2seq:
+    tok.post_processor = processors.TemplateProcessing(single='$A <eos>', special_tokens=[('<eos>', 1)])
+  else:
+    tok.post_processor = processors.TemplateProcessing(single='<bos> $A', special_tokens=[('<bos>', 2)])
+  return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<bos>',
+                                              eos_token='<eos>', pad_token='<pad>', unk_token='<unk>')
