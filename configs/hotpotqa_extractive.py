@@ -3,7 +3,8 @@
 Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
   paper:  for users with the hub: ``hotpot_qa`` (distractor) from ``datasets``; each
           question's own 10 paragraphs are its documents (the distractor setting keeps
-          them in ``ctxs``), top 5 documents -> candidates, the top 2 sentences prepended.
+          them in ``ctxs``), ranked by BM25 over the question (``retrieval.rerank``), top 5
+          documents -> candidates, the top 2 sentences prepended.
   shared: offline: ``../shared/data/hotpotqa/dev500_ircot.jsonl`` (10 paragraphs per
           question, 2 supporting): the last ``data.max_eval`` questions are evaluated and never
           trained on (``data.holdout_tail``), the rest are the training data.
@@ -14,6 +15,8 @@ from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
 
 def get_config(preset: str = 'paper'):
   c = base_config()
+  c.dataset = 'hotpotqa'
+  c.preset = preset
   c.eval.top_k_sentences = 2
   c.candidates.top_docs = 5
   if preset == 'paper':
@@ -23,9 +26,13 @@ def get_config(preset: str = 'paper'):
     c.data.hf_config = 'distractor'
     c.data.hf_train_split = 'train'
     c.data.hf_eval_split = 'validation'
+    c.retrieval.rerank = 'bm25'
   elif preset == 'shared':
     c.workdir = 'workdirs/hotpotqa_extractive_shared'
     offline_holdout(c, '../shared/data/hotpotqa/dev500_ircot.jsonl', n_eval=100)
+    # The 10 IRCoT paragraphs come in no ranked order: rank them by BM25 over the question,
+    # then keep the top 5 as the paper does with retrieved documents.
+    c.retrieval.rerank = 'bm25'
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
   return c

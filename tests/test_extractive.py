@@ -171,24 +171,34 @@ def _repo_on_path(monkeypatch):
 def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny_models):
   config = tiny_config(tmp_path / 'run', tiny_models)
   results = pipeline.run(config, config.workdir)
-  rows = {r['row']: r for r in results['table']}
-  expected = {'none', 'top-1 document', 'top-5 documents', 'random sentence', 'BM25 top sentence',
-              'off-the-shelf encoder sentence', 'BoW (top-5 documents)',
-              'named entities (top-5 documents)', 'RECOMP extractive (trained)',
-              'oracle sentence (max gold log-likelihood)'}
+  rows = {r['key']: r for r in results['rows']}
+  expected = {'none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
+              'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'oracle_ll', 'oracle_em'}
   assert expected <= set(rows)
-  assert all(r['n'] == 4 for r in rows.values())
-  assert rows['none']['evidence_tokens'] == 0
-  assert rows['top-5 documents']['evidence_tokens'] > rows['top-1 document']['evidence_tokens'] > 0
-  assert 0 < rows['RECOMP extractive (trained)']['tokens_vs_top5'] < 0.5
+  assert all(rows[k]['n'] == 4 for k in expected)
+  assert rows['none']['tokens'] == 0
+  assert rows['top5']['tokens'] > rows['top1']['tokens'] > 0
+  assert 0 < rows['trained']['tokens'] < 0.5 * rows['top5']['tokens']
+  # The EM oracle is correct wherever any candidate is: never below the LL oracle or the trained row.
+  assert rows['oracle_em']['em'] >= max(rows['oracle_ll']['em'], rows['trained']['em'])
+  from recomp_jax import report
+  report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
+  assert {b['b'] for b in results['bootstrap']} == set(rows) - {'trained'}
+  assert results['seeds'] == [0] and results['n'] == 4 and results['train_questions'] == 16
+  assert len(results['git_commit']) == 40 and results['data_hashes'] == {}
+  with open(os.path.join(config.workdir, 'predictions.jsonl')) as f:
+    predictions = [json.loads(line) for line in f]
+  assert len(predictions) == 4 * len(rows) and {'row', 'id', 'prediction', 'em', 'evidence'} <= set(predictions[0])
   assert os.path.exists(os.path.join(config.workdir, 'results.md'))
-  assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train', 'encoder_best'))
-  train = json.load(open(os.path.join(config.workdir, 'stages', 'train', 'DONE.json')))['summary']
+  assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_seed0', 'encoder_best'))
+  train = json.load(open(os.path.join(config.workdir, 'stages', 'train_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0
+  candidates = json.load(open(os.path.join(config.workdir, 'stages', 'candidates', 'DONE.json')))['summary']
+  assert candidates['train']['cap'] == 20 and candidates['test']['cap'] == 0
   # A rerun skips every stage and reproduces the table.
   again = pipeline.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values())
-  assert again['table'] == results['table']
+  assert again['rows'] == results['rows']
 
 
 def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_models):
@@ -283,7 +293,7 @@ def test_killed_labelling_resumes_without_losing_scores(tmp_path, tiny_models):
     after = {json.loads(line)['id']: line for line in f}
   assert all(after[k] == v for k, v in before.items())
   # Resumed scores equal a fresh, uninterrupted labelling of the same questions.
-  fresh = extractive.loglik_labels(models.scorer, [e.question for e in examples[:4]],
+  fresh = extractive.loglik_labels(models.reader, [e.question for e in examples[:4]],
                                    [candidates[e.id] for e in examples[:4]],
                                    [e.answers for e in examples[:4]])
   for e, record in zip(examples[:4], fresh):
@@ -315,11 +325,11 @@ def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
   config.data.demo_train, config.data.demo_dev, config.data.demo_test = 16, 4, 8
   config.train.num_steps = 2
   config.train.batch_size = 8
-  config.eval.rows = ('none', 'top-5 documents', 'off-the-shelf', 'RECOMP', 'oracle')
+  config.eval.rows = ('none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em')
   results = pipeline.run(config, config.workdir)
-  rows = {r['row']: r for r in results['table']}
-  assert set(rows) == {'none', 'top-5 documents', 'off-the-shelf encoder sentence',
-                       'RECOMP extractive (trained)', 'oracle sentence (max gold log-likelihood)'}
+  rows = {r['key']: r for r in results['rows']}
+  assert set(rows) == {'none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em'}
   # The real reader answers these questions better with the best sentence than with nothing.
-  assert rows['oracle sentence (max gold log-likelihood)']['em'] > rows['none']['em']
-  assert rows['RECOMP extractive (trained)']['evidence_tokens'] < 0.2 * rows['top-5 documents']['evidence_tokens']
+  assert rows['oracle_ll']['em'] > rows['none']['em']
+  assert rows['oracle_em']['em'] >= rows['oracle_ll']['em']
+  assert rows['trained']['tokens'] < 0.2 * rows['top5']['tokens']

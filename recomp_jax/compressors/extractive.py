@@ -41,11 +41,12 @@ def candidate_suffix(candidate: str, question: str) -> str:
   return prompts.build_prompt(question, candidate)[len(prompts.FEW_SHOT_PREFIX):]
 
 
-def loglik_labels(scorer, questions: Sequence[str], candidates: Sequence[Sequence[str]],
+def loglik_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[str]],
                   answers: Sequence[Sequence[str]]) -> list[dict]:
   """Reader log-likelihood of the first gold answer with each candidate (and with none).
 
-  All rows share the few-shot prefix, which is encoded once per call.
+  All rows share the few-shot prefix, which ``reader`` (a :class:`recomp_jax.reader.Reader`)
+  encodes once per call.
 
   Returns:
     per question ``{'loglik': [n_candidates] floats, 'none_loglik': float}``.
@@ -60,7 +61,7 @@ def loglik_labels(scorer, questions: Sequence[str], candidates: Sequence[Sequenc
     suffixes.append(prompts.build_prompt(question)[len(prompts.FEW_SHOT_PREFIX):])
     targets.append(target)
     owners.append(i)
-  scores = scorer.score_with_shared_prefix(prompts.FEW_SHOT_PREFIX, suffixes, targets)
+  scores = reader.loglik(prompts.FEW_SHOT_PREFIX, suffixes, targets)
   out = [{'loglik': []} for _ in questions]
   per_question = [[] for _ in questions]
   for owner, value in zip(owners, scores):
@@ -70,19 +71,23 @@ def loglik_labels(scorer, questions: Sequence[str], candidates: Sequence[Sequenc
   return out
 
 
-def em_labels(generator, questions: Sequence[str], candidates: Sequence[Sequence[str]],
-              answers: Sequence[Sequence[str]]) -> list[list[float]]:
-  """Exact match of the reader's greedy answer with each candidate prepended (paper Fig. 6)."""
-  from recomp_jax import evaluation
-  flat_prompts, owners = [], []
+def em_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[str]],
+              answers: Sequence[Sequence[str]], *, max_new_tokens: int | None = None
+              ) -> list[list[float]]:
+  """Exact match (any gold answer) of the reader's greedy answer with each candidate (Fig. 6).
+
+  ``max_new_tokens`` None uses the reader's own limit (``config.reader.max_new_tokens``).
+  """
+  flat_prompts, flat_answers, owners = [], [], []
   for i, (question, cands) in enumerate(zip(questions, candidates)):
     for cand in cands:
       flat_prompts.append(prompts.build_prompt(question, cand))
+      flat_answers.append(answers[i])
       owners.append(i)
-  texts = generator(flat_prompts, max_new_tokens=12, stop_strings=['\n'])
+  scores = reader.exact_match(flat_prompts, flat_answers, max_new_tokens=max_new_tokens)
   out = [[] for _ in questions]
-  for owner, text in zip(owners, texts):
-    out[owner].append(evaluation.exact_match(prompts.postprocess_answer(text), answers[owner]))
+  for owner, em in zip(owners, scores['em_per_example'].tolist()):
+    out[owner].append(float(em))
   return out
 
 
@@ -139,20 +144,23 @@ def pair_arrays(pairs: Sequence[TrainingPair], tokenizer, *, num_negatives: int,
                 max_query_length: int, max_passage_length: int) -> dict[str, np.ndarray]:
   """Tokenised, padded arrays for :func:`contrastive_loss_fn`.
 
+  Every row is padded to the longest text of its kind (at most ``max_*_length`` tokens),
+  so one compiled shape serves the whole run without padding short sentences to the limit.
+
   Returns:
     ``query_ids/query_mask [N, Lq]``, ``passage_ids/passage_mask [N, P, Lp]``
     (slot 0 the positive, ``P = 1 + num_negatives``), ``passage_valid [N, P]``,
     ``query_key [N]`` and ``passage_key [N, P]`` (text ids for duplicate masks).
   """
   slots = 1 + num_negatives
-  q = tokenizer([p.question for p in pairs], padding='max_length', truncation=True,
+  q = tokenizer([p.question for p in pairs], padding='longest', truncation=True,
                 max_length=max_query_length, return_tensors='np')
   texts, valid = [], []
   for p in pairs:
     row = [p.positive, *p.negatives]
     valid.append([True] * len(row) + [False] * (slots - len(row)))
     texts.extend(row + [''] * (slots - len(row)))
-  enc = tokenizer(texts, padding='max_length', truncation=True, max_length=max_passage_length,
+  enc = tokenizer(texts, padding='longest', truncation=True, max_length=max_passage_length,
                   return_tensors='np')
   n = len(pairs)
   return {
@@ -198,6 +206,14 @@ def rank_candidates(encoder, questions: Sequence[str],
   return out
 
 
+def count_truncated(tokenizer, texts: Sequence[str], max_length: int) -> int:
+  """How many ``texts`` exceed ``max_length`` tokens (special tokens included): encoder truncation."""
+  if not texts:
+    return 0
+  lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True)['input_ids']]
+  return int(sum(n > max_length for n in lengths))
+
+
 def reranked_accuracy(scores: Iterable[np.ndarray], loglik: Iterable[Sequence[float]]) -> dict:
   """How well an encoder's ranking agrees with the reader's labels (checkpoint selection).
 
@@ -221,6 +237,6 @@ def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str
   return prompts.format_sentences([candidates[j] for j in order])
 
 
-__all__ = ['TrainingPair', 'candidate_suffix', 'contrastive_loss_fn', 'em_labels', 'loglik_labels',
+__all__ = ['TrainingPair', 'candidate_suffix', 'contrastive_loss_fn', 'count_truncated', 'em_labels', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
            'top_k_evidence']

