@@ -333,3 +333,92 @@ def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
   assert rows['oracle_ll']['em'] > rows['none']['em']
   assert rows['oracle_em']['em'] >= rows['oracle_ll']['em']
   assert rows['trained']['tokens'] < 0.2 * rows['top5']['tokens']
+
+
+# ----------------------------------------------------------------------------- changed and damaged inputs
+
+
+def _jsonl_config(tmp_path, tiny_models, eval_lines: int):
+  """A no-training run over a small DPR file (rows none + top-1) with the tiny reader."""
+  from recomp_jax.data.schema import Example, Passage
+  from recomp_jax.data import readers
+  data = tmp_path / 'eval.jsonl'
+  examples = [Example(f'e{i}', f'question {i}', [f'answer {i}'],
+                      ctxs=[Passage(f'p{i}', f'Title {i}', f'Answer {i} is here. More text.')])
+              for i in range(eval_lines)]
+  readers.write_examples(str(data), examples)
+  config = tiny_config(tmp_path / 'run', tiny_models, **{'data.source': 'jsonl'})
+  config.data.train_path = str(data)
+  config.data.eval_path = str(data)
+  config.data.flavour = 'dpr'
+  config.train.epochs = 0.0
+  config.train.num_steps = 0
+  config.eval.rows = ('none', 'top1', 'lead')
+  config.eval.oracle = False
+  return config, data
+
+
+def test_changed_input_file_reruns_its_stages(tmp_path, tiny_models):
+  config, data = _jsonl_config(tmp_path, tiny_models, 3)
+  first = pipeline.run(config, config.workdir)
+  assert first['n'] == 3 and list(first['data_hashes']) == [str(data)]
+  _, data = _jsonl_config(tmp_path, tiny_models, 5)  # the same path, refilled with more questions
+  second = pipeline.run(config, config.workdir)
+  assert second['n'] == 5 and all(r['n'] == 5 for r in second['rows'])
+  assert second['data_hashes'][str(data)] != first['data_hashes'][str(data)]
+  assert second['stage_seconds']['data'] > 0 and second['stage_seconds']['evaluate'] > 0
+
+
+def test_empty_eval_set_stops_at_the_data_stage(tmp_path, tiny_models):
+  config, data = _jsonl_config(tmp_path, tiny_models, 2)
+  data.write_text('')
+  with pytest.raises(pipeline.PipelineError, match='evaluation split is empty'):
+    pipeline.run(config, config.workdir)
+  assert not os.path.exists(os.path.join(config.workdir, 'stages', 'retrieve'))
+
+
+def test_damaged_stage_output_is_detected_and_recomputed(tmp_path, tiny_models, caplog):
+  config, _ = _jsonl_config(tmp_path, tiny_models, 4)
+  first = pipeline.run(config, config.workdir)
+  rows_file = os.path.join(config.workdir, 'stages', 'evaluate', 'rows.jsonl')
+  size = os.path.getsize(rows_file)
+  with open(rows_file, 'r+b') as f:
+    f.truncate(size - 300)  # the last row record is cut
+  candidates_file = os.path.join(config.workdir, 'stages', 'candidates', 'test.jsonl')
+  with open(candidates_file, 'w') as f:
+    f.write('')  # a stage file emptied behind our back
+  with caplog.at_level('WARNING'):
+    second = pipeline.run(config, config.workdir)
+  warnings = ' '.join(r.getMessage() for r in caplog.records if r.levelname == 'WARNING')
+  assert 'rows.jsonl' in warnings and 'candidates/test.jsonl' in warnings
+  assert second['rows'] == first['rows']
+  assert second['stage_seconds']['candidates'] > 0
+  # The intact rows of the resumable evaluate stage were kept: only the cut one was re-read.
+  assert sum(1 for _ in open(rows_file)) == 3
+
+
+def test_stage_runner_chains_dependency_fingerprints(tmp_path):
+  runner = StageRunner(str(tmp_path))
+  calls = []
+  runner.run('a', {'x': 1}, lambda d: calls.append('a') or {})
+  runner.run('b', {'y': 1}, lambda d: calls.append('b') or {}, deps=('a',))
+  again = StageRunner(str(tmp_path))
+  again.run('a', {'x': 2}, lambda d: calls.append('a') or {})  # a's input changed ...
+  again.run('b', {'y': 1}, lambda d: calls.append('b') or {}, deps=('a',))  # ... so b reruns
+  assert calls == ['a', 'b', 'a', 'b']
+  with pytest.raises(RuntimeError, match='dependencies'):
+    StageRunner(str(tmp_path)).run('c', {}, lambda d: {}, deps=('a',))
+
+
+def test_stage_fingerprint_follows_the_code_it_runs(tmp_path, monkeypatch):
+  from recomp_jax.pipelines import stages
+  runner = StageRunner(str(tmp_path))
+  calls = []
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
+  assert len(calls) == 1
+  real = stages.module_source_hash
+  monkeypatch.setattr(stages, 'module_source_hash',
+                      lambda name: 'edited' if name == 'recomp_jax.prompts' else real(name))
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
+  assert len(calls) == 2
