@@ -1,13 +1,24 @@
 """Command-line entry point: ``python -m recomp_jax.main --config=configs/X.py[:preset]``.
 
-Only flags live here; ``config.task`` names the pipeline that runs. Overrides
-work from the command line, e.g. ``--config.reader.model=/path/to/gemma``.
+Only flags live here; ``config.task`` names the pipeline that runs. Any config field can be
+overridden, e.g. ``--config.reader.model=/path/to/gemma --config.train.batch_size=64``.
+``--help`` lists the tasks, the presets of every config file and every config field.
+
+A user error (bad data, an unknown config field, a field the chosen preset ignores, an
+unreadable checkpoint) prints one ``error: ...`` line and exits with status 2. Library
+log noise (Orbax checkpoint INFO lines, JAX's "Unable to initialize backend" probes) is
+hidden unless ``--verbosity=1`` or higher.
 """
 
 from __future__ import annotations
 
+import ast
+import glob
 import importlib
+import importlib.util
+import logging as std_logging
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -16,26 +27,191 @@ config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Where stages, checkpoints, summaries and results are written '
                     '(default: config.workdir).')
-flags.mark_flags_as_required(['config'])
 
 # config.task -> 'module:function' taking (config, workdir).
 TASKS = {
     'extractive': 'recomp_jax.pipelines.extractive:run',
 }
 
+# Fields a run ignores unless another field has one of the given values: overriding one
+# of them under a preset that does not read it is a user error, not a silent no-op.
+IGNORED_UNLESS = {
+    'data.demo_train': ('data.source', ('demo',)),
+    'data.demo_dev': ('data.source', ('demo',)),
+    'data.demo_test': ('data.source', ('demo',)),
+    'data.train_path': ('data.source', ('jsonl',)),
+    'data.eval_path': ('data.source', ('jsonl',)),
+    'data.holdout_tail': ('data.source', ('jsonl',)),
+    'data.hf_name': ('data.source', ('hf',)),
+    'data.hf_config': ('data.source', ('hf',)),
+    'data.hf_train_split': ('data.source', ('hf',)),
+    'data.hf_eval_split': ('data.source', ('hf',)),
+    'retrieval.bm25_k1': ('retrieval.method', ('bm25',)),
+    'retrieval.bm25_b': ('retrieval.method', ('bm25',)),
+    'retrieval.passage_format': ('retrieval.method', ('dense',)),
+    'retrieval.dense_chunk': ('retrieval.method', ('dense',)),
+}
+
+_NOISY_SOURCES = (os.sep + 'orbax' + os.sep, 'xla_bridge.py')
+
+
+class UserError(Exception):
+  """A mistake in what the user asked for; main prints it and exits with status 2."""
+
+
+class _HideLibraryNoise(std_logging.Filter):
+  """Drops INFO records of Orbax and JAX's backend probing (warnings and errors pass)."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    if record.levelno >= std_logging.WARNING:
+      return True
+    if 'Unable to initialize backend' in record.getMessage():
+      return False
+    return not any(s in record.pathname for s in _NOISY_SOURCES)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+  from recomp_jax.checkpoints.hf import CheckpointError  # pylint: disable=import-outside-toplevel
+  from recomp_jax.data.schema import DataError  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.extractive import PipelineError  # pylint: disable=import-outside-toplevel
+  return (UserError, DataError, CheckpointError, PipelineError, FileNotFoundError)
+
+
+# ----------------------------------------------------------------------------- argv checks
+
+
+def _load_config_file(spec: str):
+  path, _, preset = spec.partition(':')
+  if not os.path.exists(path):
+    raise UserError(f'--config={spec}: no such config file {path!r}')
+  module_spec = importlib.util.spec_from_file_location('_recomp_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+    return module.get_config(preset) if preset else module.get_config()
+  except ValueError as e:  # unknown preset
+    raise UserError(f'--config={spec}: {e}') from None
+
+
+def _get(config, dotted: str):
+  node = config
+  for part in dotted.split('.'):
+    if not hasattr(node, 'keys') or part not in node.keys():
+      return _MISSING
+    node = node[part]
+  return node
+
+
+_MISSING = object()
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Unknown ``--config.X`` fields and fields the preset ignores are user errors."""
+  spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if spec is None:
+    if any(a.startswith('--config.') for a in argv) or not any(a in ('--help', '-h') for a in argv):
+      raise UserError('--config=configs/FILE.py[:preset] is required (see --help)')
+    return
+  config = _load_config_file(spec)
+  overrides = {}
+  for arg in argv:
+    if arg.startswith('--config.'):
+      name, _, value = arg[len('--config.'):].partition('=')
+      overrides[name] = value
+  for name in overrides:
+    if _get(config, name) is _MISSING:
+      parent = name.rsplit('.', 1)[0] if '.' in name else ''
+      node = _get(config, parent) if parent else config
+      known = sorted(node.keys()) if node is not _MISSING and hasattr(node, 'keys') else []
+      raise UserError(f'--config.{name}: unknown config field'
+                      + (f'; fields of {parent or "config"}: {", ".join(known)}' if known else ''))
+  for name in overrides:
+    if name in IGNORED_UNLESS:
+      switch, values = IGNORED_UNLESS[name]
+      current = overrides.get(switch, _get(config, switch))
+      if current not in values:
+        raise UserError(f'--config.{name} is ignored when {switch}={current!r} (it is read only when '
+                        f'{switch} is one of {list(values)})')
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def _flatten(config, prefix: str = '') -> list[tuple[str, object]]:
+  out = []
+  for key in sorted(config.keys()):
+    value = config[key]
+    if hasattr(value, 'keys'):
+      out += _flatten(value, f'{prefix}{key}.')
+    else:
+      out.append((f'{prefix}{key}', value))
+  return out
+
+
+def _presets(path: str) -> str:
+  """The presets a config file's docstring lists (lines ``  name: ...``)."""
+  with open(path) as f:
+    doc = ast.get_docstring(ast.parse(f.read())) or ''
+  names = []
+  for line in doc.splitlines():
+    stripped = line.strip()
+    if line.startswith('  ') and not line.startswith('    ') and ':' in stripped:
+      head = stripped.split(':', 1)[0]
+      if head.isidentifier():
+        names.append(head)
+  return ', '.join(names) or '(see the file)'
+
+
+def help_text() -> str:
+  from recomp_jax.pipelines.extractive_config import base_config  # pylint: disable=import-outside-toplevel
+  lines = ['usage: python -m recomp_jax.main --config=configs/FILE.py[:preset] [--config.FIELD=VALUE ...]',
+           '                                  [--workdir=DIR] [--verbosity=1]', '',
+           'tasks (config.task): ' + ', '.join(sorted(TASKS)), '', 'config files and presets:']
+  for path in sorted(glob.glob(os.path.join('configs', '*.py'))):
+    lines.append(f'  {path}: {_presets(path)}')
+  lines += ['', 'config fields (defaults of recomp_jax/pipelines/extractive_config.py; presets change some):']
+  lines += [f'  --config.{name}={value!r}' for name, value in _flatten(base_config())]
+  lines += ['', 'Results go to WORKDIR/results.json, results.md and predictions.jsonl.']
+  return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+
 
 def main(argv):
   del argv
+  if flags.FLAGS.verbosity < 1:
+    logging.get_absl_handler().addFilter(_HideLibraryNoise())
+    for name in ('jax._src.xla_bridge', 'orbax', 'absl'):
+      std_logging.getLogger(name).addFilter(_HideLibraryNoise())
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or config.get('workdir') or os.path.join('workdirs', config.task)
-  from recomp_jax import sharding
+  from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   sharding.maybe_initialize_distributed()
   if config.task not in TASKS:
-    raise app.UsageError(f'config.task={config.task!r} is not one of {sorted(TASKS)}')
+    raise UserError(f'config.task={config.task!r} is not one of {sorted(TASKS)}')
   module_name, function_name = TASKS[config.task].split(':')
   logging.info('task %s, workdir %s', config.task, workdir)
-  getattr(importlib.import_module(module_name), function_name)(config, workdir)
+  try:
+    getattr(importlib.import_module(module_name), function_name)(config, workdir)
+  except _user_errors() as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def run(argv: list[str] | None = None) -> None:
+  """Checks the command line, then runs :func:`main` under absl."""
+  argv = list(sys.argv if argv is None else argv)
+  if any(a in ('--help', '-h', '--helpshort') for a in argv[1:]):
+    print(help_text())
+    sys.exit(0)
+  try:
+    check_overrides(argv[1:])
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  app.run(main, argv=argv)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  run()

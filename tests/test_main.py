@@ -1,0 +1,51 @@
+"""The command line: user errors are one line and exit 2; --help lists tasks, presets and fields."""
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(*args, cwd=REPO):
+  env = dict(os.environ, PYTHONPATH=REPO)
+  return subprocess.run([sys.executable, '-m', 'recomp_jax.main', *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_unknown_config_field_is_one_line_and_exit_2():
+  out = _main('--config=configs/nq_extractive.py:ci', '--config.train.bacth_size=4')
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+  assert 'train.bacth_size' in out.stderr and 'batch_size' in out.stderr and 'Traceback' not in out.stderr
+
+
+def test_field_the_preset_ignores_is_an_error():
+  out = _main('--config=configs/nq_extractive.py:shared', '--config.data.demo_train=5')
+  assert out.returncode == 2 and "data.source='jsonl'" in out.stderr
+
+
+def test_unknown_preset_and_missing_config():
+  out = _main('--config=configs/nq_extractive.py:nope')
+  assert out.returncode == 2 and 'available: paper, shared, demo, ci, quickstart' in out.stderr
+  assert _main().returncode == 2
+
+
+def test_help_lists_tasks_presets_and_fields():
+  out = _main('--help')
+  assert out.returncode == 0
+  assert 'extractive' in out.stdout
+  assert 'configs/nq_extractive.py: paper, shared, demo, ci, quickstart' in out.stdout
+  assert '--config.candidates.max_candidates_eval=0' in out.stdout
+  assert '--config.retrieval.rerank=' in out.stdout
+
+
+def test_bad_data_row_exits_2_naming_file_and_line(tmp_path):
+  bad = tmp_path / 'eval.jsonl'
+  bad.write_text('{"question": "q1", "answers": ["a"], "ctxs": []}\n'
+                 '{"question": "q2", "answers": 7, "ctxs": []}\n')
+  out = _main('--config=configs/nq_extractive.py:shared', f'--config.data.train_path={bad}',
+              f'--config.data.eval_path={bad}', '--config.data.flavour=dpr', '--config.train.epochs=0',
+              f'--workdir={tmp_path / "run"}')
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert f'{bad}:2' in out.stderr and 'answers' in out.stderr and 'Traceback' not in out.stderr
