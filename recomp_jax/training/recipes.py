@@ -1,0 +1,183 @@
+"""Fine-tuning recipes shared by the compressor systems: data arrays + a loss function each.
+
+Every recipe turns strings into fixed-shape numpy arrays for :func:`recomp_jax.train.train`
+(``ArrayIterator``) and gives the matching ``(model, batch, rng) -> (loss, metrics)``.
+
+* **Prompt-masked causal-LM SFT** (:func:`causal_lm_arrays`, :func:`causal_lm_loss_fn`): a
+  decoder-only model (Gemma) reads ``BOS prompt target EOS``; the loss is the cross-entropy
+  of the target tokens and EOS only, the prompt is context. This is how the offline
+  seq2seq compressors (RECOMP abstractive, FILCO filter and generator) train Gemma 3 270M.
+* **Seq2seq SFT** (:func:`seq2seq_arrays`, :func:`seq2seq_loss_fn`): T5 reads the prompt
+  with its encoder; the decoder is teacher-forced on ``target EOS`` after the start token.
+
+An empty target is a valid example (only EOS is predicted): RECOMP's selective
+augmentation teaches the compressor to say nothing. Sequences are padded to the longest
+example rounded up to a length bucket, so one compiled shape serves the whole run.
+Prompts longer than their budget lose their *beginning* (the instruction and the question
+usually sit at the end of a prompt); targets lose their end. Both are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from recomp_jax import losses
+from recomp_jax.decoding import bucket_length
+
+
+@dataclasses.dataclass
+class TruncationReport:
+  """How many prompts and targets were cut to fit (nothing is cut silently)."""
+  examples: int = 0
+  prompts_truncated: int = 0
+  targets_truncated: int = 0
+
+
+def _ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+  if not texts:
+    return []
+  return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)['input_ids']]
+
+
+def _bos_id(tokenizer) -> int | None:
+  return getattr(tokenizer, 'bos_token_id', None)
+
+
+def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
+                     max_length: int, add_bos: bool = True, add_eos: bool = True,
+                     pad_id: int | None = None, report: TruncationReport | None = None
+                     ) -> dict[str, np.ndarray]:
+  """Arrays for prompt-masked causal-LM fine-tuning.
+
+  Row ``i`` is ``[BOS] prompt_i target_i [EOS]`` right-padded; position ``t`` predicts
+  token ``t + 1``.
+
+  Args:
+    tokenizer: a Hugging Face tokenizer (prompt and target are tokenised separately, so
+      the boundary is exact).
+    prompt_texts, targets: ``N`` strings each.
+    max_length: at most this many tokens per row (BOS and EOS included).
+    add_bos, add_eos: framing tokens (the tokenizer's ``bos_token_id`` / ``eos_token_id``).
+    pad_id: padding id (default the tokenizer's pad id, else 0).
+    report: counts truncated prompts and targets.
+  Returns:
+    ``input_ids [N, L]`` int32, ``attention_mask [N, L]`` int32, ``targets [N, L]`` int32
+    (the next token at every position) and ``loss_mask [N, L]`` float32: 1 where the next
+    token belongs to the target (or is EOS), 0 on the prompt and padding.
+  """
+  if len(prompt_texts) != len(targets):
+    raise ValueError(f'{len(prompt_texts)} prompts for {len(targets)} targets')
+  report = report if report is not None else TruncationReport()
+  bos = _bos_id(tokenizer) if add_bos else None
+  eos = tokenizer.eos_token_id if add_eos else None
+  if add_bos and bos is None:
+    raise ValueError('the tokenizer has no bos_token_id; pass add_bos=False')
+  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  rows, starts = [], []
+  for prompt, target in zip(_ids(tokenizer, prompt_texts), _ids(tokenizer, targets)):
+    report.examples += 1
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    budget = max_length - len(head) - len(tail)
+    if budget < 1:
+      raise ValueError(f'max_length={max_length} leaves no room for tokens')
+    if len(target) > budget - 1:
+      report.targets_truncated += 1
+      target = target[:max(budget - 1, 0)]
+    if len(prompt) + len(target) > budget:
+      report.prompts_truncated += 1
+      prompt = prompt[len(prompt) + len(target) - budget:]
+    rows.append(head + prompt + target + tail)
+    starts.append(len(head) + len(prompt))  # index of the first target (or EOS) token
+  length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
+  n = len(rows)
+  input_ids = np.full((n, length), pad, np.int32)
+  attention_mask = np.zeros((n, length), np.int32)
+  next_ids = np.full((n, length), pad, np.int32)
+  loss_mask = np.zeros((n, length), np.float32)
+  for i, (row, start) in enumerate(zip(rows, starts)):
+    input_ids[i, :len(row)] = row
+    attention_mask[i, :len(row)] = 1
+    next_ids[i, :len(row) - 1] = row[1:]
+    # Position t predicts row[t + 1]: the target tokens are predicted from positions start-1 ...
+    loss_mask[i, max(start - 1, 0):len(row) - 1] = 1.0
+  return {'input_ids': input_ids, 'attention_mask': attention_mask, 'targets': next_ids,
+          'loss_mask': loss_mask}
+
+
+def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mean'):
+  """``(model, batch, rng) -> (loss, metrics)`` of :func:`causal_lm_arrays` batches.
+
+  ``model(input_ids, attention_mask) -> [B, L, V]`` logits (a Gemma); the loss is
+  :func:`recomp_jax.losses.seq2seq_loss` over the ``loss_mask`` positions.
+  """
+
+  def loss_fn(model, batch, rng):
+    del rng  # no dropout in the decoder-only recipe
+    logits = model(batch['input_ids'], batch['attention_mask'])  # [B, L, V]
+    return losses.seq2seq_loss(logits, batch['targets'], batch['loss_mask'],
+                               label_smoothing=label_smoothing, reduction=reduction)
+
+  return loss_fn
+
+
+def seq2seq_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
+                   max_source_length: int, max_target_length: int, decoder_start_id: int,
+                   pad_id: int | None = None, report: TruncationReport | None = None
+                   ) -> dict[str, np.ndarray]:
+  """Arrays for encoder-decoder (T5) fine-tuning.
+
+  Returns:
+    ``input_ids / attention_mask [N, S]`` (prompt + EOS, the prompt's start cut when too
+    long), ``decoder_input_ids [N, T]`` (start token + target), ``targets [N, T]``
+    (target + EOS) and ``loss_mask [N, T]`` float32 (1 on target and EOS tokens).
+  """
+  if len(prompt_texts) != len(targets):
+    raise ValueError(f'{len(prompt_texts)} prompts for {len(targets)} targets')
+  report = report if report is not None else TruncationReport()
+  eos = tokenizer.eos_token_id
+  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  sources, labels = [], []
+  for prompt, target in zip(_ids(tokenizer, prompt_texts), _ids(tokenizer, targets)):
+    report.examples += 1
+    if len(prompt) + 1 > max_source_length:
+      report.prompts_truncated += 1
+      prompt = prompt[len(prompt) + 1 - max_source_length:]
+    if len(target) + 1 > max_target_length:
+      report.targets_truncated += 1
+      target = target[:max_target_length - 1]
+    sources.append(prompt + [eos])
+    labels.append(target + [eos])
+  n = len(sources)
+  s_len = min(bucket_length(max((len(s) for s in sources), default=1)), max_source_length)
+  t_len = min(bucket_length(max((len(t) for t in labels), default=1)), max_target_length)
+  out = {'input_ids': np.full((n, s_len), pad, np.int32), 'attention_mask': np.zeros((n, s_len), np.int32),
+         'decoder_input_ids': np.full((n, t_len), pad, np.int32),
+         'targets': np.full((n, t_len), pad, np.int32), 'loss_mask': np.zeros((n, t_len), np.float32)}
+  for i, (src, lab) in enumerate(zip(sources, labels)):
+    out['input_ids'][i, :len(src)] = src
+    out['attention_mask'][i, :len(src)] = 1
+    out['decoder_input_ids'][i, :len(lab)] = [decoder_start_id] + lab[:-1]
+    out['targets'][i, :len(lab)] = lab
+    out['loss_mask'][i, :len(lab)] = 1.0
+  return out
+
+
+def seq2seq_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mean'):
+  """``(model, batch, rng) -> (loss, metrics)`` of :func:`seq2seq_arrays` batches (a T5 model)."""
+
+  def loss_fn(model, batch, rng):
+    del rng
+    logits = model(batch['input_ids'], batch['attention_mask'], batch['decoder_input_ids'],
+                   batch['loss_mask'].astype(np.int32))  # [B, T, V]
+    return losses.seq2seq_loss(logits, batch['targets'], batch['loss_mask'],
+                               label_smoothing=label_smoothing, reduction=reduction)
+
+  return loss_fn
+
+
+__all__ = ['TruncationReport', 'causal_lm_arrays', 'causal_lm_loss_fn', 'seq2seq_arrays',
+           'seq2seq_loss_fn']
