@@ -6,6 +6,7 @@ function can sit inside a jitted, sharded train step.
 
 =========================  ==================================================
 :func:`contrastive_loss`    RECOMP extractive compressor (DPR-style InfoNCE)
+:func:`listwise_distillation_loss`  extractive compressor, beyond the paper: KL to the reader
 :func:`seq2seq_loss`        RECOMP abstractive compressor, FILCO filter/generator
 :func:`knowledge_injection_loss`  K-COMP causal-mask knowledge injection
 :func:`orpo_loss`           CoLoR: ORPO with a length regulariser
@@ -109,6 +110,37 @@ def contrastive_loss(query_emb: jax.Array, passage_emb: jax.Array, passage_mask:
   accuracy = jnp.mean((jnp.argmax(scores, axis=-1) == target[:, 0]).astype(jnp.float32))
   metrics = {'accuracy': accuracy, 'num_candidates': jnp.mean(jnp.sum(keep, axis=-1))}
   return loss, metrics
+
+
+def listwise_distillation_loss(scores: jax.Array, teacher_scores: jax.Array, valid: jax.Array, *,
+                               temperature: float = 1.0, teacher_temperature: float = 1.0
+                               ) -> tuple[jax.Array, dict]:
+  """KL from the reader's distribution over a question's candidates to the encoder's.
+
+  Beyond RECOMP (which trains on one positive and hard negatives): the encoder's softmax
+  over all candidates of a question, ``q = softmax(scores / temperature)``, is pulled
+  towards the reader's, ``p = softmax(teacher_scores / teacher_temperature)`` (teacher
+  scores are the reader's log-likelihoods of the gold answer with each candidate):
+  ``loss = mean_b KL(p_b || q_b) = sum_c p (log p - log q)``.
+
+  Args:
+    scores: ``[B, C]`` encoder similarities.
+    teacher_scores: ``[B, C]`` reader log-likelihoods.
+    valid: ``[B, C]`` which candidate slots are real; rows need at least one.
+    temperature, teacher_temperature: softmax temperatures.
+  Returns:
+    (mean KL over rows, ``{'top1_agreement': argmax q == argmax p, 'teacher_entropy'}``).
+  """
+  valid = valid.astype(bool)
+  s = jnp.where(valid, _at_least_f32(scores) / temperature, _NEG_INF)
+  t = jnp.where(valid, _at_least_f32(teacher_scores) / teacher_temperature, _NEG_INF)
+  log_q = jax.nn.log_softmax(s, axis=-1)
+  log_p = jax.nn.log_softmax(t, axis=-1)
+  p = jnp.where(valid, jnp.exp(log_p), 0.0)
+  kl = jnp.sum(jnp.where(valid, p * (log_p - log_q), 0.0), axis=-1)  # [B]
+  agreement = (jnp.argmax(s, axis=-1) == jnp.argmax(t, axis=-1)).astype(jnp.float32)
+  entropy = -jnp.sum(jnp.where(valid, p * log_p, 0.0), axis=-1)
+  return jnp.mean(kl), {'top1_agreement': jnp.mean(agreement), 'teacher_entropy': jnp.mean(entropy)}
 
 
 def seq2seq_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array, *,

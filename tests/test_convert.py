@@ -105,6 +105,54 @@ def test_cli_bad_input_exits_2_naming_the_file(case, tmp_path, capsys):
     assert "'llama'" in err
 
 
+def _tiny_bert_dir(path: str) -> str:
+  """A HF directory (config.json, model.safetensors; no tokenizer) of a tiny random BERT."""
+  from flax import nnx
+
+  from recomp_jax.checkpoints import Pretrained, export_pretrained
+  from recomp_jax.models import bert
+  config = bert.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=37, max_position_embeddings=64)
+  model = bert.BertModel(config, rngs=nnx.Rngs(0))
+  return export_pretrained(Pretrained(model, config, bert.FAMILY, ''), path)
+
+
+def _truncate(path: str, size: int) -> None:
+  with open(path, 'r+b') as f:
+    f.truncate(size)
+
+
+@pytest.mark.parametrize('cut', ['half', 'header'])
+def test_cli_truncated_safetensors_exits_2_naming_the_file(cut, tmp_path, capsys):
+  """A cut model.safetensors is one ``error:`` line naming it, not a SafetensorError traceback."""
+  src = _tiny_bert_dir(str(tmp_path / 'bert'))
+  out = str(tmp_path / 'out')
+  assert convert.main([src, out]) == 0  # the intact directory converts
+  capsys.readouterr()
+  weights = os.path.join(src, 'model.safetensors')
+  _truncate(weights, os.path.getsize(weights) // 2 if cut == 'half' else 20)
+  assert convert.main([src, str(tmp_path / 'out2')]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: {weights}: truncated or corrupt safetensors file (')
+  assert err.count('\n') == 1 and 'Traceback' not in err, err
+
+
+@pytest.mark.parametrize('cut', ['half', 'metadata'])
+def test_cli_truncated_gguf_exits_2_naming_the_file(cut, tmp_path, capsys):
+  """A GGUF cut in its tensor data or in its (tokenizer) metadata: exit 2, the file named."""
+  from test_gguf import write_tiny_gguf
+  path = str(tmp_path / 'tiny.gguf')
+  write_tiny_gguf(path)
+  # 200 bytes lies inside the tokenizer metadata (gguf raised IndexError there); half is in the data.
+  _truncate(path, os.path.getsize(path) // 2 if cut == 'half' else 200)
+  cache = str(tmp_path / 'cache')
+  assert convert.main([path, str(tmp_path / 'out'), '--gguf-cache-dir', cache]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: {path}: truncated or corrupt GGUF file ('), err
+  assert err.count('\n') == 1 and 'Traceback' not in err, err
+  assert os.listdir(cache) == []  # no cache entry, no temporary directory left behind
+
+
 def test_cli_exit_status_from_a_real_process(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'recomp_jax.convert', str(tmp_path / 'absent.gguf'),

@@ -162,6 +162,31 @@ def test_bad_json_and_skip_mode(tmp_path):
     readers.read_examples(dup)
 
 
+@pytest.mark.parametrize('name', ['latin1.jsonl', 'latin1.jsonl.gz'])
+def test_non_utf8_line_names_file_and_line(tmp_path, name):
+  """A byte that is not UTF-8 on line 3 is a DataError at ``file:3``, like any other bad row."""
+  good = [json.dumps(_GOOD | {'id': f'g{i}'}, ensure_ascii=False).encode() for i in range(4)]
+  bad = json.dumps(_GOOD | {'id': 'bad', 'question': 'caf@'}).encode().replace(b'@', b'\xff')
+  # Valid multi-byte UTF-8 (line 2) still decodes.
+  good[1] = good[1].replace(b'dune', 'düne'.encode())
+  data = b'\n'.join([good[0], good[1], bad, good[2], good[3]]) + b'\n'
+  path = tmp_path / name
+  with (gzip.open if name.endswith('.gz') else open)(path, 'wb') as f:
+    f.write(data)
+  column = bad.index(b'\xff') + 1
+  with pytest.raises(DataError) as info:
+    readers.read_examples(path)
+  assert str(info.value) == f'{path}:3: invalid UTF-8 (byte 0xff at column {column})'
+  assert info.value.line == 3 and info.value.field is None
+  with pytest.raises(DataError, match=f'{name}:3: invalid UTF-8'):
+    list(readers.iter_jsonl(path))
+  report = FilterReport('read')
+  exs = readers.read_examples(path, on_error='skip', report=report)
+  assert [ex.id for ex in exs] == ['g0', 'g1', 'g2', 'g3']
+  assert exs[1].question == 'who wrote düne'
+  assert report.dropped == {'invalid: utf-8': 1} and report.samples['invalid: utf-8'] == [f'{name}:3']
+
+
 def test_corpus_errors(tmp_path):
   path = _write_lines(tmp_path / 'corpus.jsonl', [
       {'id': 'a', 'title': 'A', 'text': 'alpha'}, {'id': 'b', 'title': 'B'}])

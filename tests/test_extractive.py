@@ -169,11 +169,13 @@ def _repo_on_path(monkeypatch):
 
 
 def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny_models):
-  config = tiny_config(tmp_path / 'run', tiny_models)
+  config = tiny_config(tmp_path / 'run', tiny_models, **{'train.compare_objective': 'listwise',
+                                                          'train.seeds': (0, 1)})
   results = pipeline.run(config, config.workdir)
   rows = {r['key']: r for r in results['rows']}
   expected = {'none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
-              'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'oracle_ll', 'oracle_em'}
+              'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'trained_threshold',
+              'trained_listwise', 'oracle_ll', 'oracle_em'}
   assert expected <= set(rows)
   assert all(rows[k]['n'] == 4 for k in expected)
   assert rows['none']['tokens'] == 0
@@ -184,14 +186,19 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   from recomp_jax import report
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
   assert {b['b'] for b in results['bootstrap']} == set(rows) - {'trained'}
-  assert results['seeds'] == [0] and results['n'] == 4 and results['train_questions'] == 16
+  assert results['seeds'] == [0, 1] and results['n'] == 4 and results['train_questions'] == 16
+  assert len(rows['trained']['em_per_seed']) == 2 and rows['trained_listwise']['seeds'] == [0]
+  assert rows['trained']['em'] == pytest.approx(np.mean(rows['trained']['em_per_seed']))
+  assert set(results['objective_comparison']) == {'contrastive', 'listwise'}
+  assert any('Dev winner' in n for n in results['notes']) and any('Threshold row' in n for n in results['notes'])
+  assert set(results['stages']['evaluate']['thresholds']) == {'0', '1'}
   assert len(results['git_commit']) == 40 and results['data_hashes'] == {}
   with open(os.path.join(config.workdir, 'predictions.jsonl')) as f:
     predictions = [json.loads(line) for line in f]
-  assert len(predictions) == 4 * len(rows) and {'row', 'id', 'prediction', 'em', 'evidence'} <= set(predictions[0])
+  assert len(predictions) == 4 * len(results['stages']['evaluate']['rows']) and {'row', 'id', 'prediction', 'em', 'evidence'} <= set(predictions[0])
   assert os.path.exists(os.path.join(config.workdir, 'results.md'))
-  assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_seed0', 'encoder_best'))
-  train = json.load(open(os.path.join(config.workdir, 'stages', 'train_seed0', 'DONE.json')))['summary']
+  assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'encoder_best'))
+  train = json.load(open(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0
   candidates = json.load(open(os.path.join(config.workdir, 'stages', 'candidates', 'DONE.json')))['summary']
   assert candidates['train']['cap'] == 20 and candidates['test']['cap'] == 0

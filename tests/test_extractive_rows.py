@@ -186,9 +186,9 @@ def test_encoder_ranks_at_its_own_limit_and_counts_truncation():
   models = pipeline._Models(config)  # pylint: disable=protected-access
   encoder = models.encoder()
   assert encoder.max_length == 256  # MiniLM's sentence-transformers max_seq_length, not 64
+  assert pipeline._train_passage_length(config, encoder) == 64  # training pairs: bounded memory
+  config.encoder.train_max_passage_length = 0
   assert pipeline._train_passage_length(config, encoder) == 256
-  config.encoder.train_max_passage_length = 64
-  assert pipeline._train_passage_length(config, encoder) == 64
   texts = ['short one', 'word ' * 100]
   assert extractive.count_truncated(encoder.tokenizer, texts, 64) == 1
   assert extractive.count_truncated(encoder.tokenizer, texts, 256) == 0

@@ -322,6 +322,71 @@ def test_cache_is_atomic_and_reused(tiny_gguf, tmp_path, monkeypatch):
   assert gguf_reader.cache_dir_for(path, cache) != out
 
 
+def test_cache_manifest_records_sizes_and_digests(tiny_gguf, tmp_path):
+  import hashlib
+  path, _ = tiny_gguf
+  out = gguf_reader.convert_to_hf_dir(path, cache_dir=str(tmp_path / 'cache'))
+  with open(os.path.join(out, 'gguf_source.json')) as f:
+    files = json.load(f)['files']
+  assert set(files) == set(os.listdir(out)) - {'gguf_source.json'}
+  for name, entry in files.items():
+    with open(os.path.join(out, name), 'rb') as f:
+      data = f.read()
+    assert entry == {'size': len(data), 'sha256': hashlib.sha256(data).hexdigest()}, name
+  assert gguf_reader.verify_cache_entry(out) is None
+  assert gguf_reader.verify_cache_entry(out, full=True) is None
+  # Same size, other bytes: only the digests see it.
+  weights = os.path.join(out, 'model.safetensors')
+  with open(weights, 'r+b') as f:
+    f.seek(-4, os.SEEK_END)
+    f.write(b'\x00\x00\xc0\x7f')  # a float32 NaN
+  assert gguf_reader.verify_cache_entry(out) is None
+  assert 'model.safetensors' in gguf_reader.verify_cache_entry(out, full=True)
+
+
+@pytest.mark.parametrize('damage', ['truncated_weights', 'deleted_config', 'no_manifest'])
+def test_damaged_cache_is_reconverted_with_a_warning(damage, tiny_gguf, tmp_path, caplog):
+  """A damaged cache entry is logged (naming the file), converted again and loads the same weights."""
+  import jax
+  from flax import nnx
+
+  from recomp_jax.checkpoints import load_pretrained
+  path, _ = tiny_gguf
+  cache = str(tmp_path / 'cache')
+  original = load_pretrained(path, gguf_cache_dir=cache)
+  out = gguf_reader.cache_dir_for(path, cache)
+  damaged = {'truncated_weights': 'model.safetensors', 'deleted_config': 'config.json',
+             'no_manifest': 'gguf_source.json'}[damage]
+  if damage == 'truncated_weights':
+    with open(os.path.join(out, damaged), 'r+b') as f:
+      f.truncate(os.path.getsize(os.path.join(out, damaged)) // 2)
+  elif damage == 'deleted_config':
+    os.remove(os.path.join(out, damaged))
+  else:  # an entry written before manifests existed
+    with open(os.path.join(out, damaged)) as f:
+      source = json.load(f)
+    source.pop('files', None)
+    with open(os.path.join(out, damaged), 'w') as f:
+      json.dump(source, f)
+
+  with caplog.at_level('WARNING', logger=gguf_reader.__name__):
+    reloaded = load_pretrained(path, gguf_cache_dir=cache)
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert len(warnings) == 1 and out in warnings[0] and damaged in warnings[0], warnings
+  assert 'converting' in warnings[0]
+  assert gguf_reader.verify_cache_entry(out, full=True) is None
+  assert os.listdir(cache) == [os.path.basename(out)]  # replaced in place, nothing left aside
+  ours = jax.tree.leaves(nnx.state(reloaded.model, nnx.Param))
+  theirs = jax.tree.leaves(nnx.state(original.model, nnx.Param))
+  assert len(ours) == len(theirs)
+  for a, b in zip(ours, theirs):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  caplog.clear()
+  with caplog.at_level('WARNING', logger=gguf_reader.__name__):
+    assert gguf_reader.convert_to_hf_dir(path, cache_dir=cache) == out  # intact again: a hit
+  assert not caplog.records
+
+
 # --------------------------------------------------------------------------------------------------
 # The real Gemma 3 270M GGUF
 # --------------------------------------------------------------------------------------------------

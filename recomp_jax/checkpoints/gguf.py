@@ -21,6 +21,7 @@ loader undoes, so the resulting state dict equals the one it builds):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,11 @@ SUPPORTED_TYPES = ('F32', 'F16', 'BF16', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q8_0',
 
 # Bump when the conversion output changes, so that stale caches are not reused.
 _CACHE_FORMAT = 1
+
+# A converted directory: provenance and manifest (written last), and the files it cannot be loaded
+# without (the tokenizer files are optional: see _save_tokenizer).
+_PROVENANCE_FILE = 'gguf_source.json'
+_REQUIRED_FILES = ('config.json', 'model.safetensors')
 
 # GGUF tensor name (without ``blk.N.`` and ``.weight``) -> HF name inside ``model.layers.N.``.
 _BLOCK_TENSORS = {
@@ -100,13 +106,18 @@ def _open(path: str):
     raise CheckpointError(f'{path}: no such GGUF file')
   try:
     return GGUFReader(path)
-  except (ValueError, OSError) as e:  # bad magic, truncated file, ...
-    raise CheckpointError(f'{path}: not a readable GGUF file ({e})') from e
+  # Bad magic, or a file cut inside the metadata (IndexError), inside the tensor infos or data
+  # (ValueError from a short memory map), ...: gguf raises whatever NumPy does.
+  except Exception as e:  # noqa: BLE001 - re-raised with the file named
+    raise CheckpointError(f'{path}: truncated or corrupt GGUF file ({e})') from e
 
 
-def _metadata(reader) -> dict[str, Any]:
+def _metadata(reader, path: str) -> dict[str, Any]:
   """Every metadata field as a Python value (strings decoded, arrays as lists)."""
-  return {name: field.contents() for name, field in reader.fields.items()}
+  try:
+    return {name: field.contents() for name, field in reader.fields.items()}
+  except (ValueError, IndexError) as e:  # e.g. a string that is not UTF-8
+    raise CheckpointError(f'{path}: corrupt GGUF metadata ({e})') from e
 
 
 def _float(value: float) -> float:
@@ -285,7 +296,7 @@ def read_gguf(path: str) -> GGUFCheckpoint:
 def _read_gguf(path: str) -> tuple[GGUFCheckpoint, dict[str, str]]:
   """:func:`read_gguf` plus GGUF tensor name -> original type name."""
   reader = _open(path)
-  metadata = _metadata(reader)
+  metadata = _metadata(reader, path)
   tensor_shapes = {t.name: tuple(int(s) for s in reversed(t.shape)) for t in reader.tensors}
   config = hf_config_from_metadata(metadata, tensor_shapes, where=path)
   arch = metadata['general.architecture']
@@ -362,10 +373,14 @@ def convert_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
   """Converts a Gemma GGUF file to a Hugging Face directory, once; returns its path.
 
   The directory holds ``config.json``, ``model.safetensors`` (float32,
-  dequantised), the tokenizer files and ``gguf_source.json`` (provenance and
-  the original tensor types). It is built in a temporary sibling directory
-  and renamed into place, so an interrupted conversion never leaves a partial
-  cache entry; an existing entry is returned without reading the GGUF.
+  dequantised), the tokenizer files and, written last, ``gguf_source.json``
+  (provenance, the original tensor types and a manifest: the size and sha256
+  of every other file). It is built in a temporary sibling directory and
+  renamed into place, so an interrupted conversion never leaves a partial
+  cache entry. An existing entry is returned without reading the GGUF once
+  :func:`verify_cache_entry` finds its files with their recorded sizes; a
+  damaged one (a truncated or deleted file, or no manifest) is logged as a
+  warning naming the file, converted again and replaced.
 
   Args:
     gguf_path: the ``*.gguf`` file.
@@ -377,7 +392,11 @@ def convert_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
   gguf_path = os.path.abspath(gguf_path)
   target = cache_dir_for(gguf_path, cache_dir)
   if os.path.isdir(target):
-    return target
+    damage = verify_cache_entry(target)
+    if damage is None:
+      return target
+    logger.warning('%s: damaged GGUF conversion cache entry: %s; converting %s again', target,
+                   damage, gguf_path)
   root = os.path.dirname(target)
   os.makedirs(root, exist_ok=True)
   _remove_stale_tmp_dirs(root)
@@ -392,17 +411,89 @@ def convert_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
     del tensors
     _save_tokenizer(gguf_path, tmp)
     _write_provenance(gguf_path, tmp, types)
-    try:
-      os.rename(tmp, target)
-    except OSError:
-      if not os.path.isdir(target):  # not a concurrent conversion that finished first
-        raise
-      shutil.rmtree(tmp, ignore_errors=True)
+    _install(tmp, target)
     logger.info('converted %s to %s in %.1f s', gguf_path, target, time.perf_counter() - start)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return target
+
+
+def verify_cache_entry(directory: str, *, full: bool = False) -> str | None:
+  """What is wrong with a :func:`convert_to_hf_dir` cache entry, or ``None`` when it is intact.
+
+  Checks that ``gguf_source.json`` is readable, of the current cache format
+  and holds a manifest listing the required files, and that every file of the
+  manifest exists with its recorded size (a few ``stat`` calls: this catches
+  deleted and truncated files). ``full`` also compares sha256 digests, which
+  reads every file.
+
+  Returns:
+    a description naming the damaged file, or ``None``.
+  """
+  try:
+    with open(os.path.join(directory, _PROVENANCE_FILE)) as f:
+      source = json.load(f)
+  except FileNotFoundError:
+    return f'{_PROVENANCE_FILE} is missing'
+  except (OSError, ValueError) as e:  # ValueError: invalid JSON or not UTF-8
+    return f'{_PROVENANCE_FILE} is unreadable ({e})'
+  if not isinstance(source, dict) or source.get('cache_format') != _CACHE_FORMAT:
+    return f'{_PROVENANCE_FILE} is not of cache format {_CACHE_FORMAT}'
+  files = source.get('files')
+  if not isinstance(files, dict):
+    return f'{_PROVENANCE_FILE} has no manifest of the converted files (an older recomp_jax wrote it)'
+  for name in _REQUIRED_FILES:
+    if name not in files:
+      return f'{name} is not in the manifest of {_PROVENANCE_FILE}'
+  for name, entry in files.items():
+    if not isinstance(entry, dict) or not isinstance(entry.get('size'), int):
+      return f'{_PROVENANCE_FILE} has a malformed manifest entry for {name!r}'
+    path = os.path.join(directory, name)
+    try:
+      size = os.path.getsize(path)
+    except OSError:
+      return f'{name} is missing'
+    if size != entry['size']:
+      return f'{name} has {size} bytes, the manifest says {entry["size"]}'
+    if full and _sha256(path) != entry.get('sha256'):
+      return f'{name} does not match its sha256 in the manifest'
+  return None
+
+
+def _sha256(path: str) -> str:
+  with open(path, 'rb') as f:
+    return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
+def _install(tmp: str, target: str) -> None:
+  """Renames the finished conversion ``tmp`` to ``target``, replacing a damaged entry there.
+
+  Each rename is atomic; between the two of a replacement ``target`` is briefly
+  absent (never partial). When a concurrent conversion has put an intact entry
+  in place first, ``tmp`` is discarded.
+  """
+  try:
+    os.rename(tmp, target)
+    return
+  except OSError:
+    if not os.path.isdir(target):
+      raise
+  if verify_cache_entry(target) is None:  # a concurrent conversion finished first
+    shutil.rmtree(tmp, ignore_errors=True)
+    return
+  # The damaged entry goes aside (onto an empty directory, which POSIX rename allows) under a
+  # temporary name, so that _remove_stale_tmp_dirs deletes it if we are killed before rmtree.
+  aside = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.tmp-damaged-',
+                           dir=os.path.dirname(target))
+  os.rename(target, aside)
+  try:
+    os.rename(tmp, target)
+  except OSError:
+    if not os.path.isdir(target) or verify_cache_entry(target) is not None:
+      raise
+    shutil.rmtree(tmp, ignore_errors=True)  # a concurrent conversion filled the gap
+  shutil.rmtree(aside, ignore_errors=True)
 
 
 def _save_tokenizer(gguf_path: str, out_dir: str) -> None:
@@ -418,10 +509,23 @@ def _save_tokenizer(gguf_path: str, out_dir: str) -> None:
 
 
 def _write_provenance(gguf_path: str, out_dir: str, types: dict[str, str]) -> None:
+  """Writes ``gguf_source.json``: the GGUF's identity, tensor types and the manifest of ``out_dir``.
+
+  Call it last: the manifest lists every file already in ``out_dir`` (relative
+  path -> ``{'size', 'sha256'}``).
+  """
   stat = os.stat(gguf_path)
-  with open(os.path.join(out_dir, 'gguf_source.json'), 'w') as f:
+  files = {}
+  for parent, _, names in os.walk(out_dir):
+    for name in sorted(names):
+      path = os.path.join(parent, name)
+      rel = os.path.relpath(path, out_dir)
+      if rel != _PROVENANCE_FILE:
+        files[rel] = {'size': os.path.getsize(path), 'sha256': _sha256(path)}
+  with open(os.path.join(out_dir, _PROVENANCE_FILE), 'w') as f:
     json.dump({'path': gguf_path, 'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns,
-               'cache_format': _CACHE_FORMAT, 'tensor_types': types}, f, indent=2)
+               'cache_format': _CACHE_FORMAT, 'tensor_types': types,
+               'files': dict(sorted(files.items()))}, f, indent=2)
 
 
 def _remove_stale_tmp_dirs(root: str, max_age_s: float = 24 * 3600) -> None:
@@ -435,4 +539,4 @@ def _remove_stale_tmp_dirs(root: str, max_age_s: float = 24 * 3600) -> None:
 
 __all__ = ['GGUFCheckpoint', 'SUPPORTED_ARCHITECTURES', 'SUPPORTED_TYPES', 'cache_dir_for',
            'convert_to_hf_dir', 'default_cache_root', 'expected_shapes', 'hf_config_from_metadata',
-           'hf_tensor_name', 'read_gguf']
+           'hf_tensor_name', 'read_gguf', 'verify_cache_entry']

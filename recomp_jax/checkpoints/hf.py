@@ -118,8 +118,7 @@ class SafetensorsSource:
     self.directory = directory
     index = os.path.join(directory, 'model.safetensors.index.json')
     if os.path.exists(index):
-      with open(index) as f:
-        weight_map = json.load(f)['weight_map']
+      weight_map = _read_weight_map(index)
       files = sorted(set(weight_map.values()))
     else:
       files = sorted(f for f in os.listdir(directory) if f.endswith('.safetensors'))
@@ -132,7 +131,10 @@ class SafetensorsSource:
       path = os.path.join(directory, fname)
       if not os.path.exists(path):
         raise CheckpointError(f'{index}: lists {fname}, which does not exist')
-      handle = safe_open(path, framework='flax')
+      try:
+        handle = safe_open(path, framework='flax')
+      except Exception as e:  # noqa: BLE001 - SafetensorError (not a ValueError), re-raised named
+        raise CheckpointError(f'{path}: truncated or corrupt safetensors file ({e})') from e
       self._handles[fname] = handle
       for key in handle.keys():
         self._file_of[key] = fname
@@ -145,10 +147,32 @@ class SafetensorsSource:
     return self._file_of.keys()
 
   def get(self, name: str) -> Array:
-    return np.asarray(self._handles[self._file_of[name]].get_tensor(name))
+    handle = self._handles[self._file_of[name]]
+    try:
+      return np.asarray(handle.get_tensor(name))
+    except Exception as e:  # noqa: BLE001 - e.g. the file changed after it was opened
+      raise CheckpointError(f'{self.location(name)}: tensor {name!r} cannot be read: truncated or '
+                            f'corrupt safetensors file ({e})') from e
 
   def location(self, name: str) -> str:
     return os.path.join(self.directory, self._file_of[name])
+
+
+def _read_weight_map(index: str) -> dict[str, str]:
+  """The ``weight_map`` (tensor name -> file name) of a ``model.safetensors.index.json``."""
+  try:
+    with open(index) as f:
+      weight_map = json.load(f)['weight_map']
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f'{index}: invalid JSON at line {e.lineno}: {e.msg}') from e
+  except (KeyError, TypeError) as e:
+    raise CheckpointError(f'{index}: no "weight_map" object') from e
+  except UnicodeDecodeError as e:
+    raise CheckpointError(f'{index}: not UTF-8 text ({e})') from e
+  if not isinstance(weight_map, dict) or not all(
+      isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+    raise CheckpointError(f'{index}: "weight_map" must map tensor names to file names')
+  return weight_map
 
 
 def _get_variable(model: nnx.Module, path: Sequence[PathEntry]) -> nnx.Variable:
@@ -273,3 +297,5 @@ def read_config(directory: str) -> dict:
       return json.load(f)
     except json.JSONDecodeError as e:
       raise CheckpointError(f'{path}: invalid JSON at line {e.lineno}: {e.msg}') from e
+    except UnicodeDecodeError as e:
+      raise CheckpointError(f'{path}: not UTF-8 text ({e})') from e

@@ -193,6 +193,69 @@ def contrastive_loss_fn(*, temperature: float, similarity: str):
   return loss_fn
 
 
+@dataclasses.dataclass(frozen=True)
+class ListwiseExample:
+  """One question with its candidates and the reader's log-likelihood of each (listwise objective)."""
+  id: str
+  question: str
+  candidates: tuple[str, ...]
+  loglik: tuple[float, ...]
+
+
+def listwise_arrays(examples: Sequence[ListwiseExample], tokenizer, *, max_candidates: int,
+                    max_query_length: int, max_passage_length: int) -> dict[str, np.ndarray]:
+  """Tokenised arrays for :func:`listwise_loss_fn` (the first ``max_candidates`` of each question).
+
+  Returns:
+    ``query_ids/query_mask [N, Lq]``, ``passage_ids/passage_mask [N, C, Lp]``,
+    ``passage_valid [N, C]`` and ``teacher [N, C]`` float32 log-likelihoods (0 in empty slots).
+  """
+  c = max_candidates
+  q = tokenizer([e.question for e in examples], padding='longest', truncation=True,
+                max_length=max_query_length, return_tensors='np')
+  texts, valid, teacher = [], [], []
+  for e in examples:
+    cands = list(e.candidates[:c])
+    lls = list(e.loglik[:c])
+    valid.append([True] * len(cands) + [False] * (c - len(cands)))
+    teacher.append(lls + [0.0] * (c - len(cands)))
+    texts.extend(cands + [''] * (c - len(cands)))
+  enc = tokenizer(texts, padding='longest', truncation=True, max_length=max_passage_length,
+                  return_tensors='np')
+  n = len(examples)
+  return {
+      'query_ids': q['input_ids'].astype(np.int32),
+      'query_mask': q['attention_mask'].astype(np.int32),
+      'passage_ids': enc['input_ids'].reshape(n, c, -1).astype(np.int32),
+      'passage_mask': enc['attention_mask'].reshape(n, c, -1).astype(np.int32),
+      'passage_valid': np.asarray(valid, bool),
+      'teacher': np.asarray(teacher, np.float32),
+  }
+
+
+def listwise_loss_fn(*, temperature: float, teacher_temperature: float, similarity: str):
+  """``(dual_encoder, batch, rng) -> (loss, aux)``: KL to the reader over each question's candidates."""
+
+  def loss_fn(model, batch, rng):
+    del rng
+    batch_size, slots, length = batch['passage_ids'].shape
+    q = model.encode_queries(batch['query_ids'], batch['query_mask'])  # [B, D]
+    p = model.encode_passages(batch['passage_ids'].reshape(batch_size * slots, length),
+                              batch['passage_mask'].reshape(batch_size * slots, length))
+    p = p.reshape(batch_size, slots, -1)  # [B, C, D]
+    if similarity == 'cosine':
+      q = q / jnp.maximum(jnp.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+      p = p / jnp.maximum(jnp.linalg.norm(p, axis=-1, keepdims=True), 1e-12)
+    scores = jnp.einsum('bd,bcd->bc', q, p)  # [B, C]
+    loss, metrics = losses.listwise_distillation_loss(
+        scores, batch['teacher'], batch['passage_valid'], temperature=temperature,
+        teacher_temperature=teacher_temperature)
+    metrics['num_tokens'] = (jnp.sum(batch['query_mask']) + jnp.sum(batch['passage_mask'])).astype(jnp.float32)
+    return loss, metrics
+
+  return loss_fn
+
+
 def rank_candidates(encoder, questions: Sequence[str],
                     candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
   """Encoder similarity of every candidate to its question: per question ``[n_candidates]``."""
@@ -237,6 +300,6 @@ def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str
   return prompts.format_sentences([candidates[j] for j in order])
 
 
-__all__ = ['TrainingPair', 'candidate_suffix', 'contrastive_loss_fn', 'count_truncated', 'em_labels', 'loglik_labels',
+__all__ = ['ListwiseExample', 'TrainingPair', 'listwise_arrays', 'listwise_loss_fn', 'candidate_suffix', 'contrastive_loss_fn', 'count_truncated', 'em_labels', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
            'top_k_evidence']

@@ -50,10 +50,26 @@ class HubUnavailableError(RuntimeError):
 # ----------------------------------------------------------------------------- raw JSONL
 
 
-def _open_text(path: str | os.PathLike, mode: str = 'r') -> io.TextIOBase:
+def _open_text(path: str | os.PathLike, mode: str = 'r', errors: str = 'strict') -> io.TextIOBase:
   if os.fspath(path).endswith('.gz'):
-    return gzip.open(path, mode + 't', encoding='utf-8')
-  return open(path, mode, encoding='utf-8')
+    return gzip.open(path, mode + 't', encoding='utf-8', errors=errors)
+  return open(path, mode, encoding='utf-8', errors=errors)
+
+
+def _undecodable(line: str) -> str | None:
+  """Why a line read with ``errors='surrogateescape'`` is not UTF-8, or ``None`` when it is.
+
+  Undecodable bytes arrive as lone surrogates (U+DC80..U+DCFF), which
+  valid UTF-8 never decodes to; they do not survive a strict re-encoding.
+  """
+  if line.isascii():
+    return None
+  try:
+    line.encode('utf-8')
+  except UnicodeEncodeError as e:
+    byte = line[e.start].encode('utf-8', 'surrogateescape')
+    return f'invalid UTF-8 (byte 0x{byte.hex()} at column {e.start + 1})'
+  return None
 
 
 def _stem(path: str | os.PathLike) -> str:
@@ -287,15 +303,24 @@ def _iter_records(path, on_error: str,
                   report: FilterReport) -> Iterator[tuple[int, int, Any]]:
   """Yields ``(index, line_number, record)``; ``index`` counts non-blank lines from 0.
 
-  Under ``on_error='skip'`` an undecodable line is dropped (and still counted by
-  ``index``, so default ids do not depend on ``on_error``).
+  A line that is not UTF-8 or not JSON raises :class:`DataError` naming file and
+  line; under ``on_error='skip'`` it is dropped (and still counted by ``index``,
+  so default ids do not depend on ``on_error``). Bytes that are not UTF-8 are
+  read as ``surrogateescape`` surrogates, so that they are reported with the
+  line they are on.
   """
-  with _open_text(path) as f:
+  with _open_text(path, errors='surrogateescape') as f:
     index = 0
     for lineno, line in enumerate(f, start=1):
       if not line.strip():
         continue
       index += 1
+      problem = _undecodable(line)
+      if problem is not None:
+        if on_error == 'raise':
+          raise DataError(path, lineno, None, problem)
+        report.drop('invalid: utf-8', where=f'{os.path.basename(os.fspath(path))}:{lineno}')
+        continue
       try:
         rec = json.loads(line)
       except json.JSONDecodeError as e:

@@ -61,13 +61,16 @@ class PipelineError(RuntimeError):
 # ----------------------------------------------------------------------------- rows
 
 ROW_KEYS = ('none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
-            'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'oracle_ll', 'oracle_em',
-            'gold')
+            'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'trained_threshold',
+            'trained_compare', 'oracle_ll', 'oracle_em', 'gold')
+_TRAINED_ROWS = ('trained', 'trained_threshold', 'trained_compare')
 
 
-def row_name(key: str, k: int = 1) -> str:
+def row_name(key: str, k: int = 1, objective: str = 'contrastive', compare: str = '') -> str:
   """Display name of an evaluation row (``k`` selected sentences for the sentence rows)."""
   sentences = 'sentence' if k == 1 else f'{k} sentences'
+  if key.startswith('trained_') and key not in _TRAINED_ROWS:  # trained_<objective>
+    return f'RECOMP extractive, {key[len("trained_"):]} objective, top {sentences}'
   return {
       'none': 'no retrieval',
       'top1': 'top-1 document',
@@ -78,7 +81,9 @@ def row_name(key: str, k: int = 1) -> str:
       'offtheshelf_sentence': f'off-the-shelf encoder top {sentences}',
       'bow': 'BoW (top-5 documents)',
       'ne_capitalised': 'capitalised-span entities, heuristic NE (top-5 documents)',
-      'trained': f'RECOMP extractive, trained encoder top {sentences}',
+      'trained': f'RECOMP extractive, trained encoder ({objective}) top {sentences}',
+      'trained_threshold': f'RECOMP extractive ({objective}), sentences above a dev-tuned score threshold',
+      'trained_compare': f'RECOMP extractive, {compare or "other"} objective, top {sentences}',
       'oracle_ll': f'oracle {sentences}: max log-likelihood of the first gold answer',
       'oracle_em': f'oracle {sentences}: reader correct for any gold answer (LL tie-break)',
       'gold': 'gold passage(s)',
@@ -93,7 +98,11 @@ def wanted_rows(config) -> list[str]:
     raise PipelineError(f'config.eval.rows: unknown row keys {unknown}; known: all, {", ".join(ROW_KEYS)}')
   keys = list(ROW_KEYS) if 'all' in requested else [k for k in ROW_KEYS if k in requested]
   if not _trains(config):
-    keys = [k for k in keys if k != 'trained']
+    keys = [k for k in keys if k not in _TRAINED_ROWS]
+  if not config.eval.threshold:
+    keys = [k for k in keys if k != 'trained_threshold']
+  if not config.train.compare_objective:
+    keys = [k for k in keys if k != 'trained_compare']
   if not config.eval.oracle:
     keys = [k for k in keys if not k.startswith('oracle')]
   return keys
@@ -109,6 +118,13 @@ def lead_sentence(example: Example) -> str:
     return ''
   sentences = split_sentences(example.ctxs[0].text)
   return format_candidate(example.ctxs[0].title, sentences[0]) if sentences else ''
+
+
+def above_threshold(candidates: Sequence[str], scores: np.ndarray, threshold: float,
+                    max_sentences: int) -> str:
+  """Evidence of the candidates scoring at least ``threshold`` (at most ``max_sentences``; '' if none)."""
+  order = [j for j in np.argsort(-np.asarray(scores), kind='stable') if scores[j] >= threshold]
+  return prompts.format_sentences([candidates[j] for j in order[:max_sentences]])
 
 
 def gold_passages(example: Example):
@@ -130,7 +146,8 @@ def gold_passages(example: Example):
 def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[Sequence[str]], *,
                    k: int, seed: int = 0, rank: Callable | None = None,
                    loglik: Sequence[Sequence[float]] | None = None,
-                   oracle_em_choice: Sequence[int] | None = None) -> list[str | None]:
+                   oracle_em_choice: Sequence[int] | None = None, threshold: float | None = None,
+                   max_sentences: int = 3) -> list[str | None]:
   """Evidence text per example for one row (``None``: the row does not score that example).
 
   Args:
@@ -143,6 +160,8 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
     loglik: per example, the reader's log-likelihood of each candidate (oracle rows).
     oracle_em_choice: per example, the index of the EM-oracle candidate (-1: none correct,
       then the max-log-likelihood one).
+    threshold, max_sentences: ``'trained_threshold'``: keep the candidates scoring at least
+      ``threshold`` (best first, at most ``max_sentences``; possibly none).
   """
   from recomp_jax import baselines  # pylint: disable=import-outside-toplevel
   from recomp_jax.retrieval.bm25 import top_sentences  # pylint: disable=import-outside-toplevel
@@ -167,11 +186,16 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
   if key == 'bm25_sentence':
     return [prompts.format_sentences(top_sentences(q, c, k)) if c else ''
             for q, c in zip(questions, candidates)]
-  if key in ('offtheshelf_sentence', 'trained'):
+  if key in ('offtheshelf_sentence', 'trained', 'trained_compare'):
     if rank is None:
       raise ValueError(f'row {key!r} needs an encoder ranking')
     scores = rank(questions, candidates)
     return [extractive.top_k_evidence(c, s, k) if c else '' for c, s in zip(candidates, scores)]
+  if key == 'trained_threshold':
+    if rank is None or threshold is None:
+      raise ValueError("row 'trained_threshold' needs an encoder ranking and a threshold")
+    return [above_threshold(c, s, threshold, max_sentences) if c else ''
+            for c, s in zip(candidates, rank(questions, candidates))]
   if key == 'bow':
     return [baselines.bow_compress(e.ctxs[:5]) for e in examples]
   if key == 'ne_capitalised':
@@ -417,17 +441,21 @@ def stage_retrieve(config, data_dir: str, directory: str, models: _Models) -> di
 def stage_candidates(config, retrieve_dir: str, directory: str) -> dict:
   """Title-prefixed sentences of the top documents: capped for train/dev, all for test.
 
+  ``dev_all`` holds the dev questions with inference-time (uncapped) candidates, for
+  tuning inference options on dev.
+
   The summary counts, per split, the candidates kept, what the cap and deduplication
   dropped, and for the test split how many questions the training cap would have cut.
   """
   c = config.candidates
   summary = {}
-  for split in ('train', 'dev', 'test'):
-    cap = (c.max_candidates_eval if split == 'test' else c.max_candidates) or None
+  for split in ('train', 'dev', 'test', 'dev_all'):
+    cap = (c.max_candidates_eval if split in ('test', 'dev_all') else c.max_candidates) or None
     report = FilterReport(f'candidates/{split}')
     counts, over_train_cap = [], 0
+    source = 'dev' if split == 'dev_all' else split
     with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
-      for e in _read_examples(os.path.join(retrieve_dir, f'{split}.jsonl')):
+      for e in _read_examples(os.path.join(retrieve_dir, f'{source}.jsonl')):
         cands = build_candidates(e.ctxs, top_docs=c.top_docs, max_candidates=cap, report=report)
         counts.append(len(cands))
         over_train_cap += bool(c.max_candidates) and len(cands) > c.max_candidates
@@ -521,9 +549,29 @@ def _read_pairs(path: str) -> list[extractive.TrainingPair]:
             for r in map(json.loads, f)]
 
 
+def _listwise_examples(retrieve_dir: str, cand_dir: str, label_dir: str, split: str,
+                       report: FilterReport) -> list[extractive.ListwiseExample]:
+  examples = _read_examples(os.path.join(retrieve_dir, f'{split}.jsonl'))
+  candidates = _load_candidates(cand_dir, split)
+  labels = _load_labels(label_dir, split)
+  out = []
+  for e in examples:
+    cands = candidates[e.id]
+    if len(cands) < 2:
+      report.drop('fewer_than_two_candidates', e.id)
+      continue
+    report.keep()
+    out.append(extractive.ListwiseExample(e.id, e.question, tuple(cands), tuple(labels[e.id]['loglik'])))
+  return out
+
+
 def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: str, pairs_dir: str,
-                models: _Models, directory: str) -> dict:
-  """Contrastive fine-tuning with ``seed``; the encoder with the best dev reranking is exported."""
+                models: _Models, directory: str, objective: str = 'contrastive') -> dict:
+  """Fine-tunes the encoder with ``objective`` and ``seed``; the best dev reranker is exported.
+
+  ``'contrastive'``: the paper's pairs (positive + hard negatives, in-batch negatives);
+  ``'listwise'``: KL to the reader's softmax over each question's candidates.
+  """
   from recomp_jax import train as train_lib  # pylint: disable=import-outside-toplevel
   from recomp_jax.checkpoints import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
   from recomp_jax.models import bert  # pylint: disable=import-outside-toplevel
@@ -531,13 +579,29 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
 
   t = config.train
   base = models.encoder()
-  pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
-  if not pairs:
-    raise PipelineError(f'no training pairs in {pairs_dir}/train.jsonl (see train_report.json there)')
   train_length = _train_passage_length(config, base)
-  arrays = extractive.pair_arrays(pairs, base.tokenizer, num_negatives=config.label.num_negatives,
-                                  max_query_length=config.encoder.max_query_length,
-                                  max_passage_length=train_length)
+  if objective == 'contrastive':
+    pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
+    if not pairs:
+      raise PipelineError(f'no training pairs in {pairs_dir}/train.jsonl (see train_report.json there)')
+    arrays = extractive.pair_arrays(pairs, base.tokenizer, num_negatives=config.label.num_negatives,
+                                    max_query_length=config.encoder.max_query_length,
+                                    max_passage_length=train_length)
+    loss_fn = extractive.contrastive_loss_fn(temperature=t.temperature, similarity=t.similarity)
+  elif objective == 'listwise':
+    report = FilterReport('listwise/train')
+    pairs = _listwise_examples(retrieve_dir, cand_dir, label_dir, 'train', report)
+    report.save(os.path.join(directory, 'listwise_report.json'))
+    if not pairs:
+      raise PipelineError('no training question has two or more candidates (listwise objective)')
+    arrays = extractive.listwise_arrays(pairs, base.tokenizer, max_candidates=t.listwise_candidates,
+                                        max_query_length=config.encoder.max_query_length,
+                                        max_passage_length=train_length)
+    loss_fn = extractive.listwise_loss_fn(temperature=t.temperature,
+                                          teacher_temperature=t.teacher_temperature,
+                                          similarity=t.similarity)
+  else:
+    raise PipelineError(f"train.objective must be 'contrastive' or 'listwise', got {objective!r}")
   batch_size = min(t.batch_size, len(pairs))
   steps_per_epoch = max(len(pairs) // batch_size, 1)
   num_steps = t.num_steps or int(round(t.epochs * steps_per_epoch))
@@ -580,11 +644,10 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
                     'schedule': t.schedule, 'weight_decay': t.weight_decay,
                     'clip_grad_norm': t.clip_grad_norm},
   }
-  loss_fn = extractive.contrastive_loss_fn(temperature=t.temperature, similarity=t.similarity)
   result = train_lib.train(train_config, base.model, loss_fn, iterator, eval_fn, workdir=directory)
   if result.preempted:
     raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  return {'pairs': len(pairs), 'steps': num_steps, 'batch_size': batch_size, 'seed': seed,
+  return {'objective': objective, 'pairs': len(pairs), 'steps': num_steps, 'batch_size': batch_size, 'seed': seed,
           'train_passage_length': train_length, 'off_the_shelf_dev': base_metrics, 'best': best,
           'final_metrics': result.metrics}
 
@@ -638,12 +701,38 @@ def oracle_em_choices(models: _Models, examples: Sequence[Example], candidates: 
   return {e.id: out.records[e.id] for e in examples}
 
 
-def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dirs: dict[int, str],
+def tune_threshold(models: _Models, examples: Sequence[Example], candidates: Sequence[Sequence[str]],
+                   scores: Sequence[np.ndarray], *, max_sentences: int,
+                   quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9)) -> dict:
+  """Chooses the score threshold with the best reader EM on dev (ties: fewer evidence tokens).
+
+  Candidate thresholds are quantiles of the dev questions' top-1 scores, so that from
+  about 90% to about 10% of the questions keep at least one sentence.
+
+  Returns ``{'threshold', 'table': [{'threshold', 'quantile', 'em', 'tokens', 'empty_percent'}]}``.
+  """
+  top1 = np.array([float(np.max(s)) for s in scores if len(s)])
+  table = []
+  for q in quantiles:
+    t = float(np.quantile(top1, q)) if len(top1) else 0.0
+    evidence = [above_threshold(c, s, t, max_sentences) if len(c) else '' for c, s in zip(candidates, scores)]
+    result = models.reader.exact_match([prompts.build_prompt(e.question, ev) for e, ev in zip(examples, evidence)],
+                                       [e.answers for e in examples])
+    table.append({'threshold': t, 'quantile': q, 'em': result['em'],
+                  'tokens': float(np.mean([models.reader.count_tokens(ev) for ev in evidence])),
+                  'empty_percent': 100.0 * float(np.mean([ev == '' for ev in evidence]))})
+  best = max(table, key=lambda r: (r['em'], -r['tokens']))
+  return {'threshold': best['threshold'], 'table': table}
+
+
+def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dirs: dict[str, dict[int, str]],
                    models: _Models, directory: str) -> dict:
   """Reader EM/F1 of every row on the test split; rows are cached as they finish.
 
-  ``train_dirs`` maps each training seed to its train stage directory; the trained
-  compressor is evaluated once per seed (rows ``trained@{seed}``).
+  ``train_dirs`` maps each training objective, then seed, to its train stage directory;
+  the trained compressor is evaluated once per seed (rows ``trained@{seed}``, and
+  ``trained_threshold@{seed}`` / ``trained_compare@{seed}`` when enabled). The threshold
+  of ``trained_threshold`` is tuned on the dev questions (uncapped candidates), never on test.
   """
   examples = _read_examples(os.path.join(retrieve_dir, 'test.jsonl'))
   candidates = _load_candidates(cand_dir, 'test')
@@ -661,23 +750,48 @@ def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dirs: dict[in
                                 max_candidates=config.eval.oracle_em_max_candidates)
     em_choice = [choices[e.id]['choice'] for e in examples]
   loglik = None if labels is None else [labels[e.id]['loglik'] for e in examples]
-  plan = []  # (row id, key, rank)
+  main_dirs = train_dirs.get(config.train.objective, {})
+  compare_dirs = train_dirs.get(config.train.compare_objective, {}) if config.train.compare_objective else {}
+
+  def trained_ranker(d):
+    return lambda: _ranker(models.encoder(os.path.join(d, 'encoder_best')))
+
+  thresholds = {}
+  if 'trained_threshold' in keys:
+    dev = _read_examples(os.path.join(retrieve_dir, 'dev.jsonl'))
+    dev_candidates = _load_candidates(cand_dir, 'dev_all')
+    dev_cands = [dev_candidates[e.id] for e in dev]
+    for seed, d in sorted(main_dirs.items()):
+      path = os.path.join(directory, f'threshold_seed{seed}.json')
+      if not os.path.exists(path):
+        tuned = tune_threshold(models, dev, dev_cands, trained_ranker(d)()([e.question for e in dev], dev_cands),
+                               max_sentences=config.eval.threshold_max_sentences)
+        with open(path + '.tmp', 'w') as f:
+          json.dump(tuned, f, indent=2)
+        os.replace(path + '.tmp', path)
+      with open(path) as f:
+        thresholds[seed] = json.load(f)
+  plan = []  # (row id, key, ranker factory, threshold)
   for key in keys:
     if key == 'trained':
-      for seed, train_dir in sorted(train_dirs.items()):
-        plan.append((f'trained@{seed}', key, lambda d=train_dir: _ranker(
-            models.encoder(os.path.join(d, 'encoder_best')))))
+      plan += [(f'trained@{seed}', key, trained_ranker(d), None) for seed, d in sorted(main_dirs.items())]
+    elif key == 'trained_threshold':
+      plan += [(f'trained_threshold@{seed}', key, trained_ranker(d), thresholds[seed]['threshold'])
+               for seed, d in sorted(main_dirs.items())]
+    elif key == 'trained_compare':
+      plan += [(f'trained_compare@{seed}', key, trained_ranker(d), None) for seed, d in sorted(compare_dirs.items())]
     elif key == 'offtheshelf_sentence':
-      plan.append((key, key, lambda: _ranker(models.encoder())))
+      plan.append((key, key, lambda: _ranker(models.encoder()), None))
     else:
-      plan.append((key, key, lambda: None))
+      plan.append((key, key, lambda: None, None))
   done = ResumableJsonl(os.path.join(directory, 'rows.jsonl'), key='row')
-  for row_id, key, make_rank in plan:
+  for row_id, key, make_rank, threshold in plan:
     if row_id in done:
       continue
     start = time.time()
     evidence = build_evidence(key, examples, cands, k=k, seed=config.seed, rank=make_rank(),
-                              loglik=loglik, oracle_em_choice=em_choice)
+                              loglik=loglik, oracle_em_choice=em_choice, threshold=threshold,
+                              max_sentences=config.eval.threshold_max_sentences)
     keep = [i for i, ev in enumerate(evidence) if ev is not None]
     reader_prompts = [prompts.build_prompt(examples[i].question, evidence[i]) for i in keep]
     scores = models.reader.exact_match(reader_prompts, [examples[i].answers for i in keep])
@@ -693,7 +807,8 @@ def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dirs: dict[in
                  float(np.mean(tokens)) if tokens else 0.0, time.time() - start)
   done.close()
   summary = {'rows': {r: {f: done.records[r][f] for f in ('n', 'em', 'f1', 'tokens', 'seconds')}
-                      for r, _, _ in plan},
+                      for r, _, _, _ in plan},
+             'thresholds': {str(seed): t for seed, t in thresholds.items()},
              'test_questions': len(examples),
              'test_candidates_mean': float(np.mean([len(c) for c in cands])) if cands else 0.0}
   if em_choice is not None:
@@ -711,29 +826,36 @@ def main_metric(dataset: str) -> str:
 
 
 def _aggregate_rows(config, records: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
-  """Schema rows (seed rows folded into one ``trained`` row) and per-example arrays by key."""
+  """Schema rows (per-seed rows ``key@seed`` folded into one row) and per-example arrays by key.
+
+  A folded row's EM/F1 are the means over seeds of its per-question scores (fractional per
+  question), so its paired bootstrap compares the seed average; ``em_per_seed`` keeps each
+  seed's EM.
+  """
   k = config.eval.top_k_sentences
+  names = {'objective': config.train.objective, 'compare': config.train.compare_objective}
   rows, per_example = [], {}
-  seeds = sorted(int(r.split('@')[1]) for r in records if r.startswith('trained@'))
   for key in ROW_KEYS:
-    if key == 'trained':
-      seed_records = [records[f'trained@{s}'] for s in seeds]
-      if not seed_records:
-        continue
+    seeded = sorted(((int(r.split('@')[1]), rec) for r, rec in records.items()
+                     if r.split('@')[0] == key and '@' in r), key=lambda x: x[0])
+    if seeded:
+      seed_records = [rec for _, rec in seeded]
       ids = seed_records[0]['ids']
       if any(r['ids'] != ids for r in seed_records):
-        raise RuntimeError('trained rows of different seeds scored different questions')
+        raise RuntimeError(f'{key} rows of different seeds scored different questions')
       em = np.mean([r['em_per_example'] for r in seed_records], axis=0)
       f1 = np.mean([r['f1_per_example'] for r in seed_records], axis=0)
-      rows.append({'key': 'trained', 'name': row_name('trained', k), 'em': 100.0 * float(em.mean()),
+      out_key = f'trained_{config.train.compare_objective}' if key == 'trained_compare' else key
+      rows.append({'key': out_key, 'name': row_name(key, k, **names), 'em': 100.0 * float(em.mean()),
                    'f1': 100.0 * float(f1.mean()),
                    'tokens': float(np.mean([r['tokens'] for r in seed_records])), 'n': len(ids),
+                   'seeds': [s for s, _ in seeded],
                    'em_per_seed': [r['em'] for r in seed_records],
                    'f1_per_seed': [r['f1'] for r in seed_records]})
-      per_example['trained'] = {'ids': ids, 'em': em, 'f1': f1}
-    elif key in records:
+      per_example[out_key] = {'ids': ids, 'em': em, 'f1': f1}
+    elif key in records and records[key]['n'] > 0:
       r = records[key]
-      rows.append({'key': key, 'name': row_name(key, k), 'em': r['em'], 'f1': r['f1'],
+      rows.append({'key': key, 'name': row_name(key, k, **names), 'em': r['em'], 'f1': r['f1'],
                    'tokens': r['tokens'], 'n': r['n']})
       per_example[key] = {'ids': r['ids'], 'em': np.asarray(r['em_per_example']),
                           'f1': np.asarray(r['f1_per_example'])}
@@ -761,6 +883,20 @@ def bootstrap_rows(per_example: dict[str, dict], metric: str, seed: int) -> list
   return out
 
 
+def _objective_comparison(config, summaries: dict) -> dict:
+  """Best dev reranking metrics per training objective, averaged over its seeds."""
+  by_objective: dict[str, list[dict]] = {}
+  for name, summary in summaries.items():
+    if name.startswith('train_') and isinstance(summary, dict) and summary.get('best'):
+      by_objective.setdefault(summary['objective'], []).append(summary)
+  if len(by_objective) < 2:
+    return {}
+  return {o: {'seeds': [s['seed'] for s in runs],
+              'top1_is_best': float(np.mean([s['best']['metrics']['top1_is_best'] for s in runs])),
+              'top1_loglik': float(np.mean([s['best']['metrics']['top1_loglik'] for s in runs]))}
+          for o, runs in sorted(by_objective.items())}
+
+
 def write_results(config, workdir: str, eval_dir: str, runner: StageRunner, summaries: dict,
                   data_files: Sequence[str]) -> dict:
   """Writes ``results.json`` (schema of ``../shared/specs/results_schema.md``), ``predictions.jsonl``
@@ -772,6 +908,19 @@ def write_results(config, workdir: str, eval_dir: str, runner: StageRunner, summ
   rows, per_example = _aggregate_rows(config, records)
   metric = main_metric(config.dataset)
   seeds = sorted(int(r.split('@')[1]) for r in records if r.startswith('trained@'))
+  notes = []
+  comparison = _objective_comparison(config, summaries)
+  if comparison:
+    notes.append('Objectives on dev (reader-best candidate ranked first, mean over seeds; never eval): '
+                 + '; '.join(f"{o}: top-1 = reader's best {100 * c['top1_is_best']:.1f}%, "
+                             f"top-1 log-likelihood {c['top1_loglik']:.3f} ({len(c['seeds'])} seeds)"
+                             for o, c in comparison.items())
+                 + f'. Dev winner: {max(comparison, key=lambda o: comparison[o][config.train.select_metric])}.')
+  for seed, t in sorted(summaries.get('evaluate', {}).get('thresholds', {}).items()):
+    best = next(r for r in t['table'] if r['threshold'] == t['threshold'])
+    notes.append(f'Threshold row, seed {seed}: threshold {t["threshold"]:.3f} (dev quantile {best["quantile"]}) '
+                 f'chosen on dev (dev EM {best["em"]:.1f}, {best["empty_percent"]:.0f}% of dev questions '
+                 'get no evidence).')
   results = {
       'system': 'extractive', 'dataset': config.dataset, 'preset': config.preset,
       **provenance.git_state(), 'source_hash': provenance.source_hash(),
@@ -781,6 +930,7 @@ def write_results(config, workdir: str, eval_dir: str, runner: StageRunner, summ
       'seeds': seeds, 'n': int(summaries['evaluate']['test_questions']),
       'rows': rows, 'bootstrap': bootstrap_rows(per_example, metric, config.seed),
       'main_metric': metric, 'stage_seconds': dict(runner.timings), 'stages': summaries,
+      'notes': notes, 'objective_comparison': comparison,
   }
   retrieve = summaries.get('retrieve', {}).get('test', {})
   k = config.candidates.top_docs
@@ -880,15 +1030,23 @@ def run(config, workdir: str) -> dict:
                             lambda d: stage_pairs(config, dirs['retrieve'], dirs['candidates'],
                                                   dirs['label'], models, d),
                             deps=('label',), code=_TRAIN_CODE)
-    for seed in config.train.seeds:
-      name = f'train_seed{seed}'
-      train_dirs[seed] = runner.stage_dir(name)
-      s[name] = runner.run(name, {'train': cfg['train'], 'encoder': encoder_inputs, 'mesh': cfg['mesh'],
-                                  'seed': seed},
-                           lambda d, seed=seed: stage_train(config, seed, dirs['retrieve'], dirs['candidates'],
-                                                            dirs['label'], dirs['pairs'], models, d),
+    runs = [(config.train.objective, seed) for seed in config.train.seeds]
+    if config.train.compare_objective:
+      if config.train.compare_objective == config.train.objective:
+        raise PipelineError('train.compare_objective must differ from train.objective')
+      runs += [(config.train.compare_objective, seed) for seed in config.train.compare_seeds]
+    train_fields = {k: v for k, v in cfg['train'].items()
+                    if k not in ('seeds', 'objective', 'compare_objective', 'compare_seeds')}
+    for objective, seed in runs:
+      name = f'train_{objective}_seed{seed}'
+      train_dirs.setdefault(objective, {})[seed] = runner.stage_dir(name)
+      s[name] = runner.run(name, {'train': train_fields, 'objective': objective, 'encoder': encoder_inputs,
+                                  'mesh': cfg['mesh'], 'seed': seed},
+                           lambda d, seed=seed, objective=objective: stage_train(
+                               config, seed, dirs['retrieve'], dirs['candidates'], dirs['label'],
+                               dirs['pairs'], models, d, objective=objective),
                            deps=('pairs', 'label'), code=_TRAIN_CODE, resumable=True)
-  eval_deps = ('candidates',) + tuple(f'train_seed{seed}' for seed in train_dirs)
+  eval_deps = ('candidates',) + tuple(f'train_{o}_seed{seed}' for o, seeds in train_dirs.items() for seed in seeds)
   s['evaluate'] = runner.run(
       'evaluate', {**reader_inputs, 'eval': cfg['eval'], 'encoder': encoder_inputs, 'seed': config.seed},
       lambda d: stage_evaluate(config, dirs['retrieve'], dirs['candidates'], train_dirs, models, d),

