@@ -49,6 +49,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.train.eval_every = 10 if preset == 'demo' else 2
     c.train.checkpoint_every = 10 if preset == 'demo' else 2
     c.train.log_every = 5
+    c.eval.oracle_em_max_candidates = 5  # bounds the EM-oracle generations of the smoke test
   elif preset == 'quickstart':
     c.workdir = 'workdirs/nq_quickstart'
     c.data.source = 'demo'
