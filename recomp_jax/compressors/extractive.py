@@ -140,6 +140,44 @@ def select_pair(example_id: str, question: str, candidates: Sequence[str], logli
   return TrainingPair(example_id, question, candidates[positive], tuple(negatives))
 
 
+def _slotted_arrays(tokenizer, questions: Sequence[str], rows: Sequence[Sequence[str]], slots: int, *,
+                    max_query_length: int, max_passage_length: int) -> tuple[dict[str, np.ndarray], list[str]]:
+  """Questions ``[N, Lq]`` and ``slots`` passages per question ``[N, P, Lp]``, padded to the longest.
+
+  Returns the arrays (``query_ids/query_mask``, ``passage_ids/passage_mask``,
+  ``passage_valid [N, P]``) and the flat passage texts with '' in empty slots.
+  """
+  q = tokenizer(list(questions), padding='longest', truncation=True, max_length=max_query_length,
+                return_tensors='np')
+  texts, valid = [], []
+  for row in rows:
+    valid.append([True] * len(row) + [False] * (slots - len(row)))
+    texts.extend(list(row) + [''] * (slots - len(row)))
+  enc = tokenizer(texts, padding='longest', truncation=True, max_length=max_passage_length,
+                  return_tensors='np')
+  n = len(rows)
+  return {
+      'query_ids': q['input_ids'].astype(np.int32),
+      'query_mask': q['attention_mask'].astype(np.int32),
+      'passage_ids': enc['input_ids'].reshape(n, slots, -1).astype(np.int32),
+      'passage_mask': enc['attention_mask'].reshape(n, slots, -1).astype(np.int32),
+      'passage_valid': np.asarray(valid, bool),
+  }, texts
+
+
+def _encode_slots(model, batch) -> tuple[jax.Array, jax.Array]:
+  """Query ``[B, D]`` and passage ``[B, P, D]`` embeddings of a :func:`_slotted_arrays` batch."""
+  batch_size, slots, length = batch['passage_ids'].shape
+  q = model.encode_queries(batch['query_ids'], batch['query_mask'])  # [B, D]
+  p = model.encode_passages(batch['passage_ids'].reshape(batch_size * slots, length),
+                            batch['passage_mask'].reshape(batch_size * slots, length))
+  return q, p.reshape(batch_size, slots, -1)  # [B, P, D]
+
+
+def _num_tokens(batch) -> jax.Array:
+  return (jnp.sum(batch['query_mask']) + jnp.sum(batch['passage_mask'])).astype(jnp.float32)
+
+
 def pair_arrays(pairs: Sequence[TrainingPair], tokenizer, *, num_negatives: int,
                 max_query_length: int, max_passage_length: int) -> dict[str, np.ndarray]:
   """Tokenised, padded arrays for :func:`contrastive_loss_fn`.
@@ -153,25 +191,12 @@ def pair_arrays(pairs: Sequence[TrainingPair], tokenizer, *, num_negatives: int,
     ``query_key [N]`` and ``passage_key [N, P]`` (text ids for duplicate masks).
   """
   slots = 1 + num_negatives
-  q = tokenizer([p.question for p in pairs], padding='longest', truncation=True,
-                max_length=max_query_length, return_tensors='np')
-  texts, valid = [], []
-  for p in pairs:
-    row = [p.positive, *p.negatives]
-    valid.append([True] * len(row) + [False] * (slots - len(row)))
-    texts.extend(row + [''] * (slots - len(row)))
-  enc = tokenizer(texts, padding='longest', truncation=True, max_length=max_passage_length,
-                  return_tensors='np')
-  n = len(pairs)
-  return {
-      'query_ids': q['input_ids'].astype(np.int32),
-      'query_mask': q['attention_mask'].astype(np.int32),
-      'passage_ids': enc['input_ids'].reshape(n, slots, -1).astype(np.int32),
-      'passage_mask': enc['attention_mask'].reshape(n, slots, -1).astype(np.int32),
-      'passage_valid': np.asarray(valid, bool),
-      'query_key': np.asarray([text_id(p.question) for p in pairs], np.int32),
-      'passage_key': np.asarray([text_id(t) for t in texts], np.int32).reshape(n, slots),
-  }
+  arrays, texts = _slotted_arrays(tokenizer, [p.question for p in pairs],
+                                  [[p.positive, *p.negatives] for p in pairs], slots,
+                                  max_query_length=max_query_length, max_passage_length=max_passage_length)
+  arrays['query_key'] = np.asarray([text_id(p.question) for p in pairs], np.int32)
+  arrays['passage_key'] = np.asarray([text_id(t) for t in texts], np.int32).reshape(len(pairs), slots)
+  return arrays
 
 
 def contrastive_loss_fn(*, temperature: float, similarity: str):
@@ -179,15 +204,11 @@ def contrastive_loss_fn(*, temperature: float, similarity: str):
 
   def loss_fn(model, batch, rng):
     del rng  # encoders are trained without dropout: deterministic, exactly resumable steps
-    batch_size, slots, length = batch['passage_ids'].shape
-    q = model.encode_queries(batch['query_ids'], batch['query_mask'])  # [B, D]
-    p = model.encode_passages(batch['passage_ids'].reshape(batch_size * slots, length),
-                              batch['passage_mask'].reshape(batch_size * slots, length))
-    p = p.reshape(batch_size, slots, -1)  # [B, P, D]
+    q, p = _encode_slots(model, batch)  # [B, D], [B, P, D]
     loss, metrics = losses.contrastive_loss(
         q, p, batch['passage_valid'], temperature=temperature, similarity=similarity,
         query_ids=batch['query_key'], passage_ids=batch['passage_key'])
-    metrics['num_tokens'] = (jnp.sum(batch['query_mask']) + jnp.sum(batch['passage_mask'])).astype(jnp.float32)
+    metrics['num_tokens'] = _num_tokens(batch)
     return loss, metrics
 
   return loss_fn
@@ -211,26 +232,12 @@ def listwise_arrays(examples: Sequence[ListwiseExample], tokenizer, *, max_candi
     ``passage_valid [N, C]`` and ``teacher [N, C]`` float32 log-likelihoods (0 in empty slots).
   """
   c = max_candidates
-  q = tokenizer([e.question for e in examples], padding='longest', truncation=True,
-                max_length=max_query_length, return_tensors='np')
-  texts, valid, teacher = [], [], []
-  for e in examples:
-    cands = list(e.candidates[:c])
-    lls = list(e.loglik[:c])
-    valid.append([True] * len(cands) + [False] * (c - len(cands)))
-    teacher.append(lls + [0.0] * (c - len(cands)))
-    texts.extend(cands + [''] * (c - len(cands)))
-  enc = tokenizer(texts, padding='longest', truncation=True, max_length=max_passage_length,
-                  return_tensors='np')
-  n = len(examples)
-  return {
-      'query_ids': q['input_ids'].astype(np.int32),
-      'query_mask': q['attention_mask'].astype(np.int32),
-      'passage_ids': enc['input_ids'].reshape(n, c, -1).astype(np.int32),
-      'passage_mask': enc['attention_mask'].reshape(n, c, -1).astype(np.int32),
-      'passage_valid': np.asarray(valid, bool),
-      'teacher': np.asarray(teacher, np.float32),
-  }
+  arrays, _ = _slotted_arrays(tokenizer, [e.question for e in examples],
+                              [e.candidates[:c] for e in examples], c,
+                              max_query_length=max_query_length, max_passage_length=max_passage_length)
+  arrays['teacher'] = np.asarray([list(e.loglik[:c]) + [0.0] * (c - len(e.loglik[:c])) for e in examples],
+                                 np.float32)
+  return arrays
 
 
 def listwise_loss_fn(*, temperature: float, teacher_temperature: float, similarity: str):
@@ -238,11 +245,7 @@ def listwise_loss_fn(*, temperature: float, teacher_temperature: float, similari
 
   def loss_fn(model, batch, rng):
     del rng
-    batch_size, slots, length = batch['passage_ids'].shape
-    q = model.encode_queries(batch['query_ids'], batch['query_mask'])  # [B, D]
-    p = model.encode_passages(batch['passage_ids'].reshape(batch_size * slots, length),
-                              batch['passage_mask'].reshape(batch_size * slots, length))
-    p = p.reshape(batch_size, slots, -1)  # [B, C, D]
+    q, p = _encode_slots(model, batch)  # [B, D], [B, C, D]
     if similarity == 'cosine':
       q = q / jnp.maximum(jnp.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
       p = p / jnp.maximum(jnp.linalg.norm(p, axis=-1, keepdims=True), 1e-12)
@@ -250,7 +253,7 @@ def listwise_loss_fn(*, temperature: float, teacher_temperature: float, similari
     loss, metrics = losses.listwise_distillation_loss(
         scores, batch['teacher'], batch['passage_valid'], temperature=temperature,
         teacher_temperature=teacher_temperature)
-    metrics['num_tokens'] = (jnp.sum(batch['query_mask']) + jnp.sum(batch['passage_mask'])).astype(jnp.float32)
+    metrics['num_tokens'] = _num_tokens(batch)
     return loss, metrics
 
   return loss_fn

@@ -37,7 +37,7 @@ from absl import logging
 from recomp_jax import evaluation, prompts, sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.data import readers
-from recomp_jax.data.schema import DataError, Example, FilterReport
+from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.data.sentences import build_candidates, format_candidate, split_sentences
 from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, batched
 from recomp_jax.reader import Reader, resolve_demo_model
@@ -230,11 +230,12 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
 
 
 class _Models:
-  """Loads the reader and the encoders once, on first use."""
+  """Loads the reader and each encoder once, on first use."""
 
   def __init__(self, config):
     self.config = config
     self._reader = None
+    self._encoders = {}
 
   @property
   def reader(self) -> Reader:
@@ -244,8 +245,19 @@ class _Models:
                             generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens)
     return self._reader
 
-  def encoder(self, source: str | None = None, *, max_length: int | None = None):
-    """The encoder at ``source`` (default: the configured off-the-shelf one) for ranking."""
+  def encoder(self, source: str | None = None):
+    """The encoder at ``source`` (default: the configured off-the-shelf one) for ranking.
+
+    Each source is loaded once; callers must not train the returned encoder in place
+    (training builds its own copy from :meth:`fresh_encoder`).
+    """
+    source = source or resolve_demo_model(self.config.encoder.model, 'encoder')
+    if source not in self._encoders:
+      self._encoders[source] = self.fresh_encoder(source)
+    return self._encoders[source]
+
+  def fresh_encoder(self, source: str | None = None):
+    """A newly loaded encoder (its parameters may be trained)."""
     from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
     enc = self.config.encoder
     kwargs = {}
@@ -254,7 +266,7 @@ class _Models:
     if enc.normalize is not None:
       kwargs['normalize'] = bool(enc.normalize)
     return Encoder.from_pretrained(source or resolve_demo_model(enc.model, 'encoder'),
-                                   max_length=max_length or enc.max_passage_length or None, **kwargs)
+                                   max_length=enc.max_passage_length or None, **kwargs)
 
 
 def _ranker(encoder) -> Callable:
@@ -578,7 +590,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
 
   t = config.train
-  base = models.encoder()
+  base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
   train_length = _train_passage_length(config, base)
   if objective == 'contrastive':
     pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
@@ -820,11 +832,6 @@ def stage_evaluate(config, retrieve_dir: str, cand_dir: str, train_dirs: dict[st
 # ----------------------------------------------------------------------------- results
 
 
-def main_metric(dataset: str) -> str:
-  """The dataset's headline metric: F1 for HotpotQA, EM otherwise (RECOMP Table 1)."""
-  return 'f1' if dataset == 'hotpotqa' else 'em'
-
-
 def _aggregate_rows(config, records: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
   """Schema rows (per-seed rows ``key@seed`` folded into one row) and per-example arrays by key.
 
@@ -906,7 +913,7 @@ def write_results(config, workdir: str, eval_dir: str, runner: StageRunner, summ
   done.close()
   records = done.records
   rows, per_example = _aggregate_rows(config, records)
-  metric = main_metric(config.dataset)
+  metric = report.main_metric(config.dataset)
   seeds = sorted(int(r.split('@')[1]) for r in records if r.startswith('trained@'))
   notes = []
   comparison = _objective_comparison(config, summaries)
