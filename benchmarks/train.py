@@ -12,7 +12,7 @@ both compute exactly the same function.
 
 * ours: the pipeline's own loss
   (:func:`recomp_jax.compressors.extractive.contrastive_loss_fn`) in
-  :func:`recomp_jax.train.create_train_state` + ``make_train_step`` (jitted,
+  :func:`recomp_jax.training.loop.create_train_state` + ``make_train_step`` (jitted,
   donated state, AdamW with global-norm clipping, float32);
 * HF fp32: ``transformers.AutoModel`` + ``torch.optim.AdamW`` (decay masked
   like ours) + ``clip_grad_norm_``, the textbook loop;
@@ -50,10 +50,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from recomp_jax import sharding  # noqa: E402
-from recomp_jax import train as train_lib  # noqa: E402
 from recomp_jax.compressors import extractive  # noqa: E402
 from recomp_jax.models.dual_encoder import DualEncoder  # noqa: E402
-from recomp_jax.optim import OptimizerConfig  # noqa: E402
+from recomp_jax.training import loop as train_lib  # noqa: E402
+from recomp_jax.training.optim import OptimizerConfig  # noqa: E402
 
 TEMPERATURE = 0.05
 LEARNING_RATE = 2e-5

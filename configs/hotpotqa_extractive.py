@@ -10,7 +10,7 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
           trained on (``data.holdout_tail``), the rest are the training data.
 """
 
-from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
+from recomp_jax.pipelines.defaults import base_config, offline_holdout
 
 
 def get_config(preset: str = 'paper'):

@@ -15,7 +15,7 @@ Presets (``--config=configs/nq_extractive.py:PRESET``):
 
 import ml_collections
 
-from recomp_jax.pipelines.extractive_config import base_config, use_minilm
+from recomp_jax.pipelines.defaults import base_config, use_minilm
 
 
 def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:

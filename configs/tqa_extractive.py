@@ -10,7 +10,7 @@ Presets (``--config=configs/tqa_extractive.py:PRESET``):
           last ``data.max_eval`` questions are never trained on (``data.holdout_tail``).
 """
 
-from recomp_jax.pipelines.extractive_config import base_config, offline_holdout
+from recomp_jax.pipelines.defaults import base_config, offline_holdout
 
 
 def get_config(preset: str = 'paper'):

@@ -2,11 +2,11 @@
 
     python -m recomp_jax.convert SRC OUT [--dtype float32|bfloat16] [--overwrite]
 
-``SRC`` is anything :func:`recomp_jax.checkpoints.load_pretrained` reads: a
+``SRC`` is anything :func:`recomp_jax.pretrained.load_pretrained` reads: a
 Hugging Face directory, a hub id (when the hub is reachable), a
 sentence-transformers directory or a ``*.gguf`` file. It is loaded into our
 Flax model (so every tensor passes through our weight map and shape checks)
-and written with :func:`recomp_jax.checkpoints.export_pretrained`:
+and written with :func:`recomp_jax.pretrained.export_pretrained`:
 ``config.json``, safetensors and the tokenizer, which ``transformers`` loads
 with the same outputs as the source. A bad source exits with status 2 and a
 message naming the offending file.
@@ -25,21 +25,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from recomp_jax import checkpoints
-from recomp_jax.checkpoints.hf import CheckpointError
+from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained
+from recomp_jax.pretrained.hf import CheckpointError
 
 _DTYPES = {'float32': np.dtype(np.float32), 'bfloat16': np.dtype(jnp.bfloat16)}
 
 
 def convert(src: str, out: str, *, dtype: str = 'float32', gguf_cache_dir: str | None = None,
-            overwrite: bool = False) -> checkpoints.Pretrained:
+            overwrite: bool = False) -> Pretrained:
   """Loads ``src`` through our model and writes it to ``out`` as a HF directory.
 
   Args:
     src: the source checkpoint.
     out: the output directory (created; must be empty unless ``overwrite``).
     dtype: storage dtype of the written weights (``'float32'`` or ``'bfloat16'``).
-    gguf_cache_dir: cache root for GGUF conversions (see ``checkpoints.gguf``).
+    gguf_cache_dir: cache root for GGUF conversions (see ``pretrained.gguf``).
     overwrite: allow writing into a non-empty ``out``.
   Returns:
     the loaded model (float32 parameters).
@@ -57,9 +57,9 @@ def convert(src: str, out: str, *, dtype: str = 'float32', gguf_cache_dir: str |
     raise CheckpointError(f'{out}: exists and is not a directory')
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
     raise CheckpointError(f'{out}: exists and is not empty (pass --overwrite to write into it)')
-  pretrained = checkpoints.load_pretrained(src, dtype=jnp.float32, param_dtype=jnp.float32,
-                                           gguf_cache_dir=gguf_cache_dir)
-  checkpoints.export_pretrained(pretrained, out, dtype=_DTYPES[dtype])
+  pretrained = load_pretrained(src, dtype=jnp.float32, param_dtype=jnp.float32,
+                              gguf_cache_dir=gguf_cache_dir)
+  export_pretrained(pretrained, out, dtype=_DTYPES[dtype])
   config_path = os.path.join(out, 'config.json')
   with open(config_path) as f:
     config = json.load(f)

@@ -1,8 +1,9 @@
 """Command-line entry point: ``python -m recomp_jax.main --config=configs/X.py[:preset]``.
 
-Only flags live here; ``config.task`` names the pipeline that runs. Any config field can be
+Only flags live here; ``config.system`` names the compressor system that
+:func:`recomp_jax.pipelines.runner.run` drives. Any config field can be
 overridden, e.g. ``--config.reader.model=/path/to/gemma --config.train.batch_size=64``.
-``--help`` lists the tasks, the presets of every config file and every config field.
+``--help`` lists the systems, the presets of every config file and every config field.
 
 A user error (bad data, an unknown config field, a field the chosen preset ignores, an
 unreadable checkpoint) prints one ``error: ...`` line and exits with status 2. Library
@@ -27,11 +28,6 @@ config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Where stages, checkpoints, summaries and results are written '
                     '(default: config.workdir).')
-
-# config.task -> 'module:function' taking (config, workdir).
-TASKS = {
-    'extractive': 'recomp_jax.pipelines.extractive:run',
-}
 
 # Fields a run ignores unless another field has one of the given values: overriding one
 # of them under a preset that does not read it is a user error, not a silent no-op.
@@ -71,9 +67,9 @@ class _HideLibraryNoise(std_logging.Filter):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-  from recomp_jax.checkpoints.hf import CheckpointError  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pretrained.hf import CheckpointError  # pylint: disable=import-outside-toplevel
   from recomp_jax.data.schema import DataError  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.extractive import PipelineError  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.shared import PipelineError  # pylint: disable=import-outside-toplevel
   return (UserError, DataError, CheckpointError, PipelineError, FileNotFoundError)
 
 
@@ -163,13 +159,14 @@ def _presets(path: str) -> str:
 
 
 def help_text() -> str:
-  from recomp_jax.pipelines.extractive_config import base_config  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.defaults import base_config  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.runner import SYSTEMS  # pylint: disable=import-outside-toplevel
   lines = ['usage: python -m recomp_jax.main --config=configs/FILE.py[:preset] [--config.FIELD=VALUE ...]',
            '                                  [--workdir=DIR] [--verbosity=1]', '',
-           'tasks (config.task): ' + ', '.join(sorted(TASKS)), '', 'config files and presets:']
+           'systems (config.system): ' + ', '.join(sorted(SYSTEMS)), '', 'config files and presets:']
   for path in sorted(glob.glob(os.path.join('configs', '*.py'))):
     lines.append(f'  {path}: {_presets(path)}')
-  lines += ['', 'config fields (defaults of recomp_jax/pipelines/extractive_config.py; presets change some):']
+  lines += ['', 'config fields (defaults of recomp_jax/pipelines/defaults.py; presets change some):']
   lines += [f'  --config.{name}={value!r}' for name, value in _flatten(base_config())]
   lines += ['', 'Results go to WORKDIR/results.json, results.md and predictions.jsonl.']
   return '\n'.join(lines)
@@ -185,15 +182,13 @@ def main(argv):
     for name in ('jax._src.xla_bridge', 'orbax', 'absl'):
       std_logging.getLogger(name).addFilter(_HideLibraryNoise())
   config = flags.FLAGS.config
-  workdir = flags.FLAGS.workdir or config.get('workdir') or os.path.join('workdirs', config.task)
+  workdir = flags.FLAGS.workdir or config.get('workdir') or os.path.join('workdirs', config.system)
   from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   sharding.maybe_initialize_distributed()
-  if config.task not in TASKS:
-    raise UserError(f'config.task={config.task!r} is not one of {sorted(TASKS)}')
-  module_name, function_name = TASKS[config.task].split(':')
-  logging.info('task %s, workdir %s', config.task, workdir)
+  logging.info('system %s, workdir %s', config.system, workdir)
   try:
-    getattr(importlib.import_module(module_name), function_name)(config, workdir)
+    from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
+    runner.run(config, workdir)
   except _user_errors() as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

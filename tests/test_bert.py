@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from recomp_jax.checkpoints import CheckpointError, Pretrained, export_pretrained, load_pretrained
 from recomp_jax.models import bert
 from recomp_jax.models.bert import BertConfig, pool, pooling_from_sentence_transformers
 from recomp_jax.models.dual_encoder import DualEncoder, Encoder, _encode_batch
+from recomp_jax.pretrained import CheckpointError, Pretrained, export_pretrained, load_pretrained
 
 torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
 transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')

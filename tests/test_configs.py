@@ -29,7 +29,7 @@ def test_every_preset_loads_and_unknown_presets_fail(name):
   for preset in PRESETS[name]:
     config = module.get_config(preset)
     assert config.workdir or preset == 'paper'
-    if config.task == 'extractive':
+    if config.system == 'extractive':
       assert config.eval.top_k_sentences == (2 if name.startswith('hotpot') else 1)
   with pytest.raises(ValueError, match='unknown preset'):
     module.get_config('nope')
@@ -41,11 +41,11 @@ def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
   path = os.path.join(REPO, config.data.train_path)
   if not os.path.exists(path):
     pytest.skip(f'{path} not found (../shared/data is absent)')
-  from recomp_jax.pipelines import extractive as pipeline
+  from recomp_jax.pipelines import shared
   old = os.getcwd()
   os.chdir(REPO)
   try:
-    summary = pipeline.stage_data(config, str(tmp_path))
+    summary = shared.stage_data(config, str(tmp_path))
   finally:
     os.chdir(old)
   assert summary['test'] == n_eval

@@ -19,7 +19,7 @@ torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
 pytest.importorskip('gguf', reason='needs the gguf package')
 
 from recomp_jax import convert  # noqa: E402
-from recomp_jax.checkpoints import gguf as gguf_reader  # noqa: E402
+from recomp_jax.pretrained import gguf as gguf_reader  # noqa: E402
 
 PROMPT = 'Question: What is the capital of France?\nAnswer:'
 
@@ -109,7 +109,7 @@ def _tiny_bert_dir(path: str) -> str:
   """A HF directory (config.json, model.safetensors; no tokenizer) of a tiny random BERT."""
   from flax import nnx
 
-  from recomp_jax.checkpoints import Pretrained, export_pretrained
+  from recomp_jax.pretrained import Pretrained, export_pretrained
   from recomp_jax.models import bert
   config = bert.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1,
                            num_attention_heads=2, intermediate_size=37, max_position_embeddings=64)

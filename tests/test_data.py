@@ -11,11 +11,12 @@ import json
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
-from recomp_jax.data import demo_qa, readers, schema, sentences
+from recomp_jax.data import demo_qa, formats, schema, sentences
 from recomp_jax.data.schema import DataError, Example, FilterReport, Passage
-from recomp_jax.evaluation import normalize_answer
+from recomp_jax.evaluation.qa_metrics import normalize_answer
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
 
@@ -32,7 +33,7 @@ def shared_file(rel: str) -> pathlib.Path:
 
 def test_read_nq_train_dpr():
   report = FilterReport('read')
-  exs = readers.read_examples(shared_file('nq/train2105_bm25top20.jsonl.gz'), report=report)
+  exs = formats.read_examples(shared_file('nq/train2105_bm25top20.jsonl.gz'), report=report)
   assert len(exs) == 2105 and report.kept == 2105 and report.total_dropped == 0
   assert len({ex.id for ex in exs}) == 2105
   assert exs[0].id == 'train2105_bm25top20-0'
@@ -47,19 +48,19 @@ def test_read_nq_train_dpr():
 
 
 def test_read_demo_and_count_eval():
-  demo = readers.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
+  demo = formats.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
   assert len(demo) == 50 and all(len(ex.ctxs) == 5 for ex in demo)
   # eval/ is held out: count its rows, look at nothing else.
-  assert len(readers.read_examples(shared_file('eval/nq_eval500_bm25top10.jsonl'))) == 500
+  assert len(formats.read_examples(shared_file('eval/nq_eval500_bm25top10.jsonl'))) == 500
 
 
 def test_read_nq_open_triviaqa_hotpot_corpus():
-  nq = readers.read_examples(shared_file('nq/NQ-open.dev.jsonl'))
+  nq = formats.read_examples(shared_file('nq/NQ-open.dev.jsonl'))
   assert len(nq) == 3610
   assert nq[0].question == 'when was the last time anyone was on the moon'
   assert nq[0].answers == ['14 December 1972 UTC', 'December 1972'] and nq[0].ctxs == []
 
-  tqa = readers.read_examples(shared_file('triviaqa/llmfoundry_sm_sub.jsonl'))
+  tqa = formats.read_examples(shared_file('triviaqa/llmfoundry_sm_sub.jsonl'))
   assert len(tqa) == 3000
   assert tqa[0].question == ('Brunswick, Lancastrian and Pearl Pickler are types of which '
                              'vegetable?')
@@ -67,7 +68,7 @@ def test_read_nq_open_triviaqa_hotpot_corpus():
   assert len(tqa[0].answers) == len(set(tqa[0].answers))
   assert not any(ex.question.startswith('Question:') or 'Answer:' in ex.question for ex in tqa)
 
-  hp = readers.read_examples(shared_file('hotpotqa/dev500_ircot.jsonl'))
+  hp = formats.read_examples(shared_file('hotpotqa/dev500_ircot.jsonl'))
   assert len(hp) == 500
   # the README says 10 paragraphs each; 11 questions have fewer in the real file
   assert collections.Counter(len(ex.ctxs) for ex in hp) == {10: 489, 2: 7, 8: 2, 5: 1, 6: 1}
@@ -78,13 +79,13 @@ def test_read_nq_open_triviaqa_hotpot_corpus():
   assert hp[0].ctxs[1].title == 'Shirley Temple'
   assert len({c.id for ex in hp for c in ex.ctxs}) == sum(len(ex.ctxs) for ex in hp) == 4931
 
-  corpus = readers.read_corpus(shared_file('nq/corpus_union14924.jsonl.gz'))
+  corpus = formats.read_corpus(shared_file('nq/corpus_union14924.jsonl.gz'))
   assert len(corpus) == 14924 and len({p.id for p in corpus}) == 14924
   assert collections.Counter(p.source for p in corpus) == {'nq_gold': 2600, 'ovos': 12324}
 
 
 def test_candidates_on_real_documents():
-  exs = readers.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
+  exs = formats.read_examples(shared_file('nq/demo50_bm25top5.jsonl'))
   report = FilterReport('candidates')
   for ex in exs:
     cands = sentences.build_candidates(ex.ctxs, report=report)
@@ -136,7 +137,7 @@ _GOOD = {'question': 'who wrote dune', 'answers': ['Frank Herbert'],
 def test_errors_name_file_line_field(tmp_path, bad, field):
   path = _write_lines(tmp_path / 'bad.jsonl.gz', [_GOOD, '', _GOOD | {'id': 'x2'}, bad])
   with pytest.raises(DataError) as info:
-    readers.read_examples(path, flavour='dpr')
+    formats.read_examples(path, flavour='dpr')
   # line 4: blank lines count as lines
   assert str(info.value).startswith(f'{path}:4: field {field!r}: ')
   assert info.value.line == 4 and info.value.field == field
@@ -147,9 +148,9 @@ def test_bad_json_and_skip_mode(tmp_path):
       _GOOD, '{"question": "broken', {'question': 'q2', 'answers': 'x'}, _GOOD | {'id': 'b'},
       _GOOD | {'id': 'b'}, '[1, 2]', _GOOD])
   with pytest.raises(DataError, match=r'mixed\.jsonl:2: invalid JSON'):
-    readers.read_examples(path)
+    formats.read_examples(path)
   report = FilterReport('read')
-  exs = readers.read_examples(path, on_error='skip', report=report)
+  exs = formats.read_examples(path, on_error='skip', report=report)
   assert [ex.id for ex in exs] == ['mixed-0', 'b', 'mixed-6']  # ids count every line
   assert report.kept == 3
   assert report.dropped == {'invalid: json': 1, 'invalid: answers': 1, 'invalid: id': 1,
@@ -159,7 +160,7 @@ def test_bad_json_and_skip_mode(tmp_path):
   dup = _write_lines(tmp_path / 'dup.jsonl', [_GOOD | {'id': 'b'}, _GOOD | {'id': 'b'}])
   with pytest.raises(DataError, match=r"dup\.jsonl:2: field 'id': duplicate id 'b' \(first on "
                      r'line 1\)'):
-    readers.read_examples(dup)
+    formats.read_examples(dup)
 
 
 @pytest.mark.parametrize('name', ['latin1.jsonl', 'latin1.jsonl.gz'])
@@ -175,25 +176,41 @@ def test_non_utf8_line_names_file_and_line(tmp_path, name):
     f.write(data)
   column = bad.index(b'\xff') + 1
   with pytest.raises(DataError) as info:
-    readers.read_examples(path)
+    formats.read_examples(path)
   assert str(info.value) == f'{path}:3: invalid UTF-8 (byte 0xff at column {column})'
   assert info.value.line == 3 and info.value.field is None
   with pytest.raises(DataError, match=f'{name}:3: invalid UTF-8'):
-    list(readers.iter_jsonl(path))
+    list(formats.iter_jsonl(path))
   report = FilterReport('read')
-  exs = readers.read_examples(path, on_error='skip', report=report)
+  exs = formats.read_examples(path, on_error='skip', report=report)
   assert [ex.id for ex in exs] == ['g0', 'g1', 'g2', 'g3']
   assert exs[1].question == 'who wrote düne'
   assert report.dropped == {'invalid: utf-8': 1} and report.samples['invalid: utf-8'] == [f'{name}:3']
+
+
+def test_truncated_gzip_is_a_data_error_naming_the_file(tmp_path):
+  """A .jsonl.gz cut short (an interrupted copy) names the file and the first unreadable line."""
+  rng = np.random.default_rng(0)
+  lines = [json.dumps(_GOOD | {'id': f'r{i}', 'question': f'q {rng.integers(1 << 40)}'}) for i in range(3000)]
+  path = tmp_path / 'cut.jsonl.gz'
+  with gzip.open(path, 'wt', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+  with pytest.raises(DataError, match=r'cut\.jsonl\.gz:\d+: truncated or corrupt gzip file') as info:
+    formats.read_examples(path)
+  assert 1 < info.value.line < 3000
+  with pytest.raises(DataError, match='truncated or corrupt gzip'):
+    list(formats.iter_jsonl(path))
 
 
 def test_corpus_errors(tmp_path):
   path = _write_lines(tmp_path / 'corpus.jsonl', [
       {'id': 'a', 'title': 'A', 'text': 'alpha'}, {'id': 'b', 'title': 'B'}])
   with pytest.raises(DataError, match=r"corpus\.jsonl:2: field 'text': missing"):
-    readers.read_corpus(path)
+    formats.read_corpus(path)
   with pytest.raises(DataError, match=r'corpus row .*read_corpus'):
-    readers.read_examples(path)
+    formats.read_examples(path)
 
 
 def test_flavour_detection_and_parsers(tmp_path):
@@ -210,36 +227,36 @@ def test_flavour_detection_and_parsers(tmp_path):
       'dpr': _GOOD,
   }
   for flavour, rec in records.items():
-    assert readers.detect_flavour(rec) == flavour
+    assert formats.detect_flavour(rec) == flavour
     path = _write_lines(tmp_path / f'{flavour}.jsonl', [rec])
-    (ex,) = readers.read_examples(path)
+    (ex,) = formats.read_examples(path)
     assert isinstance(ex, Example) and ex.answers
-  (f,) = readers.read_examples(tmp_path / 'flashrag.jsonl')
+  (f,) = formats.read_examples(tmp_path / 'flashrag.jsonl')
   assert (f.id, f.answers, f.meta) == ('f1', ['a', 'b'], {'metadata': {'x': 1}})
-  (t,) = readers.read_examples(tmp_path / 'triviaqa_llmfoundry.jsonl')
+  (t,) = formats.read_examples(tmp_path / 'triviaqa_llmfoundry.jsonl')
   assert (t.question, t.answers) == ('Which planet is red?', ['Mars', 'The Red Planet'])
-  (h,) = readers.read_examples(tmp_path / 'hotpot_ircot.jsonl')
+  (h,) = formats.read_examples(tmp_path / 'hotpot_ircot.jsonl')
   assert [c.id for c in h.ctxs] == ['h1-0', 'h1-1'] and h.gold_ctx.title == 'T1'
   assert h.meta == {'supporting_ids': ['h1-1']}
   # the flavour can be forced: an NQ-open file read as FlashRAG fails on its field
   with pytest.raises(DataError, match="field 'golden_answers': missing"):
-    readers.read_examples(tmp_path / 'nq_open.jsonl', flavour='flashrag')
+    formats.read_examples(tmp_path / 'nq_open.jsonl', flavour='flashrag')
   with pytest.raises(DataError, match='cannot detect'):
-    readers.detect_flavour({'foo': 1})
+    formats.detect_flavour({'foo': 1})
   bad_tqa = _write_lines(tmp_path / 'tqa_bad.jsonl', [{'context': 'Which?', 'answer': 'x',
                                                         'aliases': []}])
   with pytest.raises(DataError, match=r"tqa_bad\.jsonl:1: field 'context'"):
-    readers.read_examples(bad_tqa, flavour='triviaqa_llmfoundry')
+    formats.read_examples(bad_tqa, flavour='triviaqa_llmfoundry')
 
 
 def test_write_read_round_trip(tmp_path):
   ex = Example('e1', 'q', ['a'], [Passage('p', 'T', 'text', score=1.5, has_answer=False)],
                Passage('g', 'G', 'gold', is_gold=True), meta={'template': 't'})
-  readers.write_examples(tmp_path / 'x.jsonl.gz', [ex])
-  assert readers.read_examples(tmp_path / 'x.jsonl.gz') == [ex]
+  formats.write_examples(tmp_path / 'x.jsonl.gz', [ex])
+  assert formats.read_examples(tmp_path / 'x.jsonl.gz') == [ex]
   corpus = [Passage('a', 'A', 'alpha', source='s'), Passage('b', '', 'beta')]
-  readers.write_corpus(tmp_path / 'c.jsonl', corpus)
-  assert readers.read_corpus(tmp_path / 'c.jsonl') == corpus
+  formats.write_corpus(tmp_path / 'c.jsonl', corpus)
+  assert formats.read_corpus(tmp_path / 'c.jsonl') == corpus
 
 
 def test_filter_report_save_load_print(tmp_path):
@@ -264,16 +281,16 @@ def test_filter_report_save_load_print(tmp_path):
 
 def test_split_train_dev_deterministic():
   exs = [Example(f'e{i}', f'q{i}', ['a']) for i in range(101)]
-  train, dev = readers.split_train_dev(exs, 0.2, seed=3)
+  train, dev = formats.split_train_dev(exs, 0.2, seed=3)
   assert len(dev) == 20 and len(train) == 81
   assert {e.id for e in train} | {e.id for e in dev} == {e.id for e in exs}
   assert not {e.id for e in train} & {e.id for e in dev}
   assert [e.id for e in dev] == sorted((e.id for e in dev), key=lambda s: int(s[1:]))
-  assert readers.split_train_dev(exs, 0.2, seed=3) == (train, dev)
-  assert readers.split_train_dev(exs, 0.2, seed=4)[1] != dev
-  assert readers.split_train_dev(exs[:5], 0.01, seed=0)[1] != []
+  assert formats.split_train_dev(exs, 0.2, seed=3) == (train, dev)
+  assert formats.split_train_dev(exs, 0.2, seed=4)[1] != dev
+  assert formats.split_train_dev(exs[:5], 0.01, seed=0)[1] != []
   with pytest.raises(ValueError):
-    readers.split_train_dev(exs, 1.0, seed=0)
+    formats.split_train_dev(exs, 1.0, seed=0)
 
 
 def test_read_hf_converters(monkeypatch):
@@ -295,11 +312,11 @@ def test_read_hf_converters(monkeypatch):
     return rows[path]
 
   monkeypatch.setattr(datasets, 'load_dataset', fake_load)
-  (nq,) = readers.read_hf('nq_open', 'validation')
+  (nq,) = formats.read_hf('nq_open', 'validation')
   assert (nq.id, nq.question, nq.answers) == ('nq_open-validation-0', 'who sang x', ['A', 'B'])
-  (tq,) = readers.read_hf('trivia_qa', 'validation')
+  (tq,) = formats.read_hf('trivia_qa', 'validation')
   assert (tq.id, tq.answers) == ('tq1', ['Mars', 'Red Planet'])
-  (hp,) = readers.read_hf('hotpot_qa', 'validation')
+  (hp,) = formats.read_hf('hotpot_qa', 'validation')
   assert [c.text for c in hp.ctxs] == ['A one. A two.', 'B one. B two.']
   assert [c.is_gold for c in hp.ctxs] == [False, True] and hp.gold_ctx.id == 'h1-1'
   assert calls == [('nq_open', None, 'validation'), ('trivia_qa', 'rc.nocontext', 'validation'),
@@ -308,13 +325,13 @@ def test_read_hf_converters(monkeypatch):
 
 def test_read_hf_offline_is_clear():
   try:
-    exs = readers.read_hf('nq_open', 'validation', limit=3)
-  except readers.HubUnavailableError as e:
+    exs = formats.read_hf('nq_open', 'validation', limit=3)
+  except formats.HubUnavailableError as e:
     assert 'hf://nq_open/validation' in str(e) and 'read_examples' in str(e)
   else:  # a machine with the hub (or a cache): then it must parse
     assert len(exs) == 3 and all(ex.answers for ex in exs)
   with pytest.raises(ValueError, match='unknown HF dataset'):
-    readers.read_hf('squad', 'train')
+    formats.read_hf('squad', 'train')
 
 
 # ----------------------------------------------------------------------------- sentences
@@ -424,8 +441,8 @@ def test_demo_templates_known_pairs():
 @needs_ovos
 def test_demo_write(tmp_path, demo):
   demo.write(tmp_path)
-  assert readers.read_examples(tmp_path / 'test.jsonl') == demo.test
-  assert len(readers.read_corpus(tmp_path / 'corpus.jsonl')) == len(demo.corpus)
+  assert formats.read_examples(tmp_path / 'test.jsonl') == demo.test
+  assert len(formats.read_corpus(tmp_path / 'corpus.jsonl')) == len(demo.corpus)
   assert 'CC BY-SA' in (tmp_path / 'NOTICE').read_text()
   assert FilterReport.load(tmp_path / 'filter_report.json').kept == demo.report.kept
 

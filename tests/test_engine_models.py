@@ -3,7 +3,7 @@
 For each model of the zoo -- the BERT dual encoder with the RECOMP contrastive
 loss (1 positive + 2 hard negatives, in-batch negatives, dropout on), T5 v1.1
 with the seq2seq loss, Gemma 3 (sliding + full layers) with K-COMP's
-knowledge-injection causal LM loss -- one :func:`recomp_jax.train.make_train_step`
+knowledge-injection causal LM loss -- one :func:`recomp_jax.training.loop.make_train_step`
 on a ``(data, fsdp, tensor) = (2, 2, 2)`` mesh of 8 fake CPU devices must give
 the loss, gradients and updated parameters of the same step on one device
 (within 1e-5), with every parameter (and Adam moment) sharded as
@@ -32,13 +32,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
 from test_sharding import EngineCase, _host, _max_diff  # noqa: E402
 
-from recomp_jax import losses  # noqa: E402
 from recomp_jax import sharding  # noqa: E402
-from recomp_jax import train as train_lib  # noqa: E402
 from recomp_jax.models import gemma, t5  # noqa: E402
 from recomp_jax.models.bert import BertConfig, BertModel  # noqa: E402
 from recomp_jax.models.dual_encoder import DualEncoder  # noqa: E402
-from recomp_jax.optim import OptimizerConfig  # noqa: E402
+from recomp_jax.training import loop as train_lib  # noqa: E402
+from recomp_jax.training import losses  # noqa: E402
+from recomp_jax.training.optim import OptimizerConfig  # noqa: E402
 
 BATCH = 8  # divisible by the 4 batch shards (data x fsdp) of the 2x2x2 mesh
 VOCAB = 64

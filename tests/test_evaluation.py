@@ -7,8 +7,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from recomp_jax import baselines, evaluation, prompts
+from recomp_jax.compressors import baselines
 from recomp_jax.data.schema import Passage
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.reader import prompts
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
 
@@ -24,11 +26,11 @@ SHARED = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
     ('', ''),
 ])
 def test_normalize_answer(raw, norm):
-  assert evaluation.normalize_answer(raw) == norm
+  assert qa_metrics.normalize_answer(raw) == norm
 
 
 def test_exact_match_and_f1_squad_cases():
-  em, f1 = evaluation.exact_match, evaluation.f1_score
+  em, f1 = qa_metrics.exact_match, qa_metrics.f1_score
   assert em('the Denver Broncos', ['Denver Broncos', 'Broncos']) == 1.0
   assert em('Denver Broncos!', 'denver broncos') == 1.0
   assert em('Denver', ['Denver Broncos']) == 0.0
@@ -39,17 +41,17 @@ def test_exact_match_and_f1_squad_cases():
   assert f1('', ['Denver']) == 0.0 and f1('Denver', []) == 0.0
   # repeated tokens are clipped by the gold counts
   assert f1('paris paris', ['paris']) == pytest.approx(2 * 0.5 * 1 / 1.5)
-  scores = evaluation.qa_scores(['Denver Broncos', 'x', 'Broncos won'],
+  scores = qa_metrics.qa_scores(['Denver Broncos', 'x', 'Broncos won'],
                                 [['Denver Broncos'], ['y'], ['Broncos']])
   assert scores['n'] == 3 and scores['em'] == pytest.approx(100 / 3)
   assert scores['f1'] == pytest.approx(100 * (1 + 0 + 2 / 3) / 3)
   np.testing.assert_array_equal(scores['em_per_example'], [1, 0, 0])
   with pytest.raises(ValueError):
-    evaluation.qa_scores(['a'], [])
+    qa_metrics.qa_scores(['a'], [])
 
 
 def test_has_answer():
-  ha = evaluation.has_answer
+  ha = qa_metrics.has_answer
   assert ha("intercepted quarterback Brad Johnson's pass", ['Brad Johnson'])
   assert ha('in the northern Indian Ocean', ['the Indian Ocean'])
   assert ha('lithium-ion batteries', ['Lithium'])
@@ -68,7 +70,7 @@ def test_has_answer_reproduces_shared_flags():
     for line in f:
       rec = json.loads(line)
       for ctx in rec['ctxs']:
-        agree += evaluation.has_answer(ctx['text'], rec['answers']) == ctx['has_answer']
+        agree += qa_metrics.has_answer(ctx['text'], rec['answers']) == ctx['has_answer']
         total += 1
   assert total == 42100 and agree == total
 
@@ -79,20 +81,20 @@ def test_has_answer_reproduces_shared_flags():
 def test_paired_bootstrap_basic():
   a = np.array([1, 1, 0, 1, 0, 1, 1, 0, 1, 1], dtype=float)
   b = np.array([0, 1, 0, 0, 0, 1, 0, 0, 1, 0], dtype=float)
-  r = evaluation.paired_bootstrap(a, b, n_resamples=5000, seed=0)
+  r = qa_metrics.paired_bootstrap(a, b, n_resamples=5000, seed=0)
   assert r.diff == pytest.approx(0.4) and r.low <= r.diff <= r.high
   assert r.low > 0 and r.p_value < 0.05
-  assert evaluation.paired_bootstrap(a, b, n_resamples=5000, seed=0) == r
+  assert qa_metrics.paired_bootstrap(a, b, n_resamples=5000, seed=0) == r
   f1_a, f1_b = np.random.default_rng(0).random((2, 10))  # continuous scores
-  by_seed = [evaluation.paired_bootstrap(f1_a, f1_b, n_resamples=2000, seed=s) for s in range(3)]
+  by_seed = [qa_metrics.paired_bootstrap(f1_a, f1_b, n_resamples=2000, seed=s) for s in range(3)]
   assert len({r.low for r in by_seed}) == 3  # the seed drives the resampling
-  same = evaluation.paired_bootstrap(a, a, n_resamples=100)
+  same = qa_metrics.paired_bootstrap(a, a, n_resamples=100)
   assert (same.diff, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0)
   # chunking does not change the draws' distribution shape: bounds stay close
-  r2 = evaluation.paired_bootstrap(a, b, n_resamples=5000, seed=0, chunk=333)
+  r2 = qa_metrics.paired_bootstrap(a, b, n_resamples=5000, seed=0, chunk=333)
   assert abs(r2.low - r.low) <= 0.1 and abs(r2.high - r.high) <= 0.1
   with pytest.raises(ValueError):
-    evaluation.paired_bootstrap(a, b[:3])
+    qa_metrics.paired_bootstrap(a, b[:3])
 
 
 def test_paired_bootstrap_covers_true_difference():
@@ -106,18 +108,18 @@ def test_paired_bootstrap_covers_true_difference():
     b = (u < 0.32).astype(float)  # system B correct w.p. 0.32, nested in A's successes
     flip = rng.random(n) < 0.1  # some independent noise, same marginal shift for both
     a[flip], b[flip] = (rng.random(flip.sum()) < 0.40), (rng.random(flip.sum()) < 0.32)
-    r = evaluation.paired_bootstrap(a, b, n_resamples=1000, seed=t)
+    r = qa_metrics.paired_bootstrap(a, b, n_resamples=1000, seed=t)
     covered += r.covers(true_diff)
   # nominal 95%; with 200 trials the observed rate is within ~3 standard errors
   assert 0.90 <= covered / trials <= 0.99
 
 
 def test_token_helpers():
-  assert evaluation.mean_tokens([10, 20, 30]) == 20.0 and evaluation.mean_tokens([]) == 0.0
-  assert evaluation.token_ratio([37, 38], [660, 640]) == pytest.approx(75 / 1300)
-  assert evaluation.token_ratio([1], [0]) == 0.0
+  assert qa_metrics.mean_tokens([10, 20, 30]) == 20.0 and qa_metrics.mean_tokens([]) == 0.0
+  assert qa_metrics.token_ratio([37, 38], [660, 640]) == pytest.approx(75 / 1300)
+  assert qa_metrics.token_ratio([1], [0]) == 0.0
   with pytest.raises(ValueError):
-    evaluation.token_ratio([1, 2], [3])
+    qa_metrics.token_ratio([1, 2], [3])
 
 
 # ----------------------------------------------------------------------------- prompts

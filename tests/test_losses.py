@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import test_util
 
-from recomp_jax import losses
+from recomp_jax.training import losses
 
 
 def _log_softmax(x):

@@ -1,4 +1,4 @@
-"""The command line: user errors are one line and exit 2; --help lists tasks, presets and fields."""
+"""The command line: user errors are one line and exit 2; --help lists systems, presets and fields."""
 
 import os
 import subprocess
@@ -31,10 +31,10 @@ def test_unknown_preset_and_missing_config():
   assert _main().returncode == 2
 
 
-def test_help_lists_tasks_presets_and_fields():
+def test_help_lists_systems_presets_and_fields():
   out = _main('--help')
   assert out.returncode == 0
-  assert 'extractive' in out.stdout
+  assert 'systems (config.system): extractive' in out.stdout
   assert 'configs/nq_extractive.py: paper, shared, demo, ci, quickstart' in out.stdout
   assert '--config.candidates.max_candidates_eval=0' in out.stdout
   assert '--config.retrieval.rerank=' in out.stdout
@@ -49,3 +49,9 @@ def test_bad_data_row_exits_2_naming_file_and_line(tmp_path):
               f'--workdir={tmp_path / "run"}')
   assert out.returncode == 2, out.stderr[-2000:]
   assert f'{bad}:2' in out.stderr and 'answers' in out.stderr and 'Traceback' not in out.stderr
+
+
+def test_unknown_system_exits_2_listing_the_systems(tmp_path):
+  out = _main('--config=configs/nq_extractive.py:quickstart', '--config.system=nope', f'--workdir={tmp_path}')
+  assert out.returncode == 2
+  assert "config.system='nope' is not one of ['extractive']" in out.stderr and 'Traceback' not in out.stderr

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from recomp_jax import train as train_lib
 from recomp_jax.models import gemma, t5
+from recomp_jax.training import loop as train_lib
 from recomp_jax.training import recipes
 from tests.tiny_models import char_tokenizer
 

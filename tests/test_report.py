@@ -1,4 +1,4 @@
-"""recomp_jax.report: results.json validation, markdown tables, README blocks, command line."""
+"""recomp_jax.evaluation.report: results.json validation, markdown tables, README blocks, command line."""
 
 import copy
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from recomp_jax import report
+from recomp_jax.evaluation import report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -275,7 +275,7 @@ def test_cli_bad_file_exits_2_with_one_error_line(tmp_path, capsys):
 
 def test_cli_module_entry_point(tmp_path):
   bad = _write(tmp_path / 'bad.json', {'system': 'extractive'})
-  proc = subprocess.run([sys.executable, '-m', 'recomp_jax.report', str(bad)], cwd=REPO,
+  proc = subprocess.run([sys.executable, '-m', 'recomp_jax.evaluation.report', str(bad)], cwd=REPO,
                         capture_output=True, text=True, check=False)
   assert proc.returncode == 2
   assert proc.stderr.splitlines() == [f"error: {bad}: field 'dataset': missing"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from recomp_jax.data import readers, sentences
+from recomp_jax.data import formats, sentences
 from recomp_jax.data.schema import Example, Passage
 from recomp_jax.retrieval import bm25
 
@@ -128,9 +128,9 @@ def test_real_corpus_retrieval_matches_shared_bm25():
   demo_path = SHARED / 'nq' / 'demo50_bm25top5.jsonl'
   if not corpus_path.exists() or not demo_path.exists():
     pytest.skip(f'real data not found under {SHARED} (the shared data folder is absent)')
-  corpus = readers.read_corpus(corpus_path)
+  corpus = formats.read_corpus(corpus_path)
   index = bm25.BM25Index(corpus, bm25.BM25Config(k1=0.9, b=0.4, tokenizer='regex'))
-  demo = readers.read_examples(demo_path)
+  demo = formats.read_examples(demo_path)
   overlap = [len({p.id for p in ex.ctxs} & {p.id for p in index.search(ex.question, 5)}) / 5
              for ex in demo]
   # the shared files used the same k1/b with a different analyzer: most top-5 agree

@@ -18,9 +18,11 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from recomp_jax import checkpoints, scoring, sharding
+from recomp_jax import sharding
 from recomp_jax.models import gemma, t5
-from recomp_jax.prompts import FEW_SHOT_PREFIX, build_prompt
+from recomp_jax.pretrained import load_pretrained
+from recomp_jax.reader import Reader, scoring
+from recomp_jax.reader.prompts import FEW_SHOT_PREFIX, build_prompt
 
 import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
@@ -68,7 +70,7 @@ def gemma_pair(tmp_path_factory):
   hf = _randomize(transformers.Gemma3ForCausalLM(config).eval())
   directory = str(tmp_path_factory.mktemp('gemma3_scoring'))
   hf.save_pretrained(directory)
-  return hf, checkpoints.load_pretrained(directory).model
+  return hf, load_pretrained(directory).model
 
 
 @pytest.fixture(scope='module', params=['v1_0', 'v1_1'])
@@ -87,7 +89,7 @@ def t5_pair(request, tmp_path_factory):
   _randomize(hf, 0.2)
   directory = str(tmp_path_factory.mktemp(f't5_scoring_{request.param}'))
   hf.save_pretrained(directory)
-  ours = checkpoints.load_pretrained(directory).model
+  ours = load_pretrained(directory).model
   assert (ours.lm_head is None) == relu
   return hf, ours
 
@@ -205,7 +207,7 @@ def test_seq2seq_scores_match_hf(t5_pair, add_eos):
 def test_bfloat16_scores_track_float32(gemma_pair, tmp_path):
   hf, model = gemma_pair
   hf.save_pretrained(str(tmp_path))
-  bf16 = checkpoints.load_pretrained(str(tmp_path), dtype=jnp.bfloat16,
+  bf16 = load_pretrained(str(tmp_path), dtype=jnp.bfloat16,
                                      param_dtype=jnp.bfloat16).model
   tokenizer = _char_tokenizer()
   f32 = scoring.CausalScorer(model, tokenizer, batch_size=4).score(CONTEXTS[:4], TARGETS[:4])
@@ -217,7 +219,7 @@ def test_bfloat16_scores_track_float32(gemma_pair, tmp_path):
 # ----------------------------------------------------------------------------- exact match
 
 
-def test_answer_and_score_normalises_and_cuts_at_newline():
+def test_reader_exact_match_normalises_and_cuts_at_newline(t5_pair):
   outputs = [' Paris\nQuestion: next', 'The Eiffel Tower.', '\nParis', ' London']
   seen = {}
 
@@ -225,8 +227,9 @@ def test_answer_and_score_normalises_and_cuts_at_newline():
     seen.update(n=len(prompts), max_new_tokens=max_new_tokens, stop=tuple(stop_strings))
     return outputs
 
-  result = scoring.answer_and_score(generator, ['p'] * 4,
-                                    [['Paris'], ['eiffel tower'], ['Paris'], ['London', 'UK']])
+  reader = Reader.from_model(t5_pair[1], _char_tokenizer(seq2seq=True))
+  reader._generator = generator  # the generator's texts are given; the reader's post-processing is tested
+  result = reader.exact_match(['p'] * 4, [['Paris'], ['eiffel tower'], ['Paris'], ['London', 'UK']])
   assert seen == {'n': 4, 'max_new_tokens': 12, 'stop': ('\n',)}
   assert result['predictions'] == ['Paris', 'The Eiffel Tower.', '', 'London']
   np.testing.assert_array_equal(result['em_per_example'], [1, 1, 0, 1])
@@ -242,7 +245,7 @@ def test_seq2seq_exact_match_matches_hf_greedy(t5_pair):
   expected = [tokenizer.decode(row.tolist(), skip_special_tokens=True).split('\n')[0].strip()
               for row in out]
   answers = [[expected[0]], ['not it'], [expected[2].upper() + '.'], ['nope']]
-  result = scoring.ExactMatchScorer(model, tokenizer, batch_size=4)(CONTEXTS[:4], answers)
+  result = Reader.from_model(model, tokenizer, generate_batch_size=4).exact_match(CONTEXTS[:4], answers)
   assert result['predictions'] == expected
   assert len(set(expected)) > 1 and all(len(e) > 0 for e in expected)
   np.testing.assert_array_equal(result['em_per_example'], [1, 0, 1, 0])  # SQuAD normalisation

@@ -29,9 +29,9 @@ import tiny_models  # noqa: E402
 from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
 
 from recomp_jax import sharding  # noqa: E402
-from recomp_jax import train as train_lib  # noqa: E402
-from recomp_jax.checkpoint import Checkpointer, keys_to_data  # noqa: E402
-from recomp_jax.optim import OptimizerConfig  # noqa: E402
+from recomp_jax.training import loop as train_lib  # noqa: E402
+from recomp_jax.training.checkpointer import Checkpointer, keys_to_data  # noqa: E402
+from recomp_jax.training.optim import OptimizerConfig  # noqa: E402
 
 
 

@@ -16,9 +16,8 @@ from flax import nnx
 torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
 transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
 
-from recomp_jax import decoding  # noqa: E402
-from recomp_jax.checkpoints import Pretrained, export_pretrained, load_pretrained  # noqa: E402
-from recomp_jax.models import t5  # noqa: E402
+from recomp_jax.models import generation, t5  # noqa: E402
+from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained  # noqa: E402
 
 VOCAB, D_MODEL = 96, 32
 TOL = 1e-4
@@ -221,7 +220,7 @@ def _hf_generate(hf, **kwargs):
   return np.pad(out, ((0, 0), (0, MAX_NEW - out.shape[1])))  # HF stops early once all rows ended
 
 
-GREEDY = decoding.SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW)
+GREEDY = generation.SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW)
 
 
 def test_greedy_generation_matches_transformers(pair):
@@ -252,7 +251,7 @@ def test_generation_stops_like_transformers(pair):
 def test_sampling_is_reproducible_and_bounded(pair):
   if pair.variant != 'v1_1':
     pytest.skip('one variant is enough')
-  sampling = decoding.SamplingConfig(temperature=0.8, top_p=0.9, max_new_tokens=12)
+  sampling = generation.SamplingConfig(temperature=0.8, top_p=0.9, max_new_tokens=12)
   run = lambda seed: t5.generate(pair.ours.model, INPUT_IDS, ATTENTION_MASK, sampling=sampling,
                                  rng=jax.random.key(seed))
   tokens_a, lengths_a = map(np.asarray, run(0))
@@ -353,5 +352,5 @@ def test_bfloat16_compute(pair):
   agree = np.mean(np.argmax(np.asarray(logits), -1) == np.argmax(np.asarray(reference), -1))
   assert agree >= 0.8
   tokens, lengths = t5.generate(bf16.model, INPUT_IDS, ATTENTION_MASK,
-                                sampling=decoding.SamplingConfig(max_new_tokens=6))
+                                sampling=generation.SamplingConfig(max_new_tokens=6))
   assert tokens.shape == (3, 6) and ((np.asarray(lengths) >= 1) & (np.asarray(lengths) <= 6)).all()

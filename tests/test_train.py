@@ -25,11 +25,11 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models  # noqa: E402
 
-from recomp_jax import optim  # noqa: E402
 from recomp_jax import sharding  # noqa: E402
-from recomp_jax import train as train_lib  # noqa: E402
-from recomp_jax.checkpoint import Checkpointer  # noqa: E402
-from recomp_jax.metrics import read_scalars  # noqa: E402
+from recomp_jax.training import loop as train_lib  # noqa: E402
+from recomp_jax.training import optim  # noqa: E402
+from recomp_jax.training.checkpointer import Checkpointer  # noqa: E402
+from recomp_jax.training.summaries import read_scalars  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_train_worker.py')
 

@@ -7,7 +7,7 @@ positive ``p``; the negatives ``N`` are up to five candidates that score below
 the positive by a margin ``epsilon`` and that the *current* encoder ranks
 highest (hard negatives). A dual encoder is then trained with the contrastive
 loss ``-log e^{sim(x,p)} / (e^{sim(x,p)} + sum_{n in N} e^{sim(x,n)})``
-(:func:`recomp_jax.losses.contrastive_loss`, here with in-batch negatives too).
+(:func:`recomp_jax.training.losses.contrastive_loss`, here with in-batch negatives too).
 
 Labelling signals (``signal``):
   * ``'loglik'``: ``log p_M(y | [s_j; x])`` of the first gold answer (paper
@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from recomp_jax import losses, prompts
 from recomp_jax.data.schema import FilterReport
+from recomp_jax.reader import prompts
+from recomp_jax.training import losses
 
 
 def text_id(text: str) -> int:
@@ -200,7 +201,7 @@ def pair_arrays(pairs: Sequence[TrainingPair], tokenizer, *, num_negatives: int,
 
 
 def contrastive_loss_fn(*, temperature: float, similarity: str):
-  """``(dual_encoder, batch, rng) -> (loss, aux)`` for :func:`recomp_jax.train.train`."""
+  """``(dual_encoder, batch, rng) -> (loss, aux)`` for :func:`recomp_jax.training.loop.train`."""
 
   def loss_fn(model, batch, rng):
     del rng  # encoders are trained without dropout: deterministic, exactly resumable steps
@@ -303,6 +304,17 @@ def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str
   return prompts.format_sentences([candidates[j] for j in order])
 
 
-__all__ = ['ListwiseExample', 'TrainingPair', 'listwise_arrays', 'listwise_loss_fn', 'candidate_suffix', 'contrastive_loss_fn', 'count_truncated', 'em_labels', 'loglik_labels',
+def compress(encoder, questions: Sequence[str], candidates: Sequence[Sequence[str]], k: int = 1) -> list[str]:
+  """The compressor at inference: per question, its ``k`` best candidate sentences as evidence.
+
+  ``candidates[i]`` are the title-prefixed sentences of question ``i``'s retrieved documents
+  (every sentence at inference); a question without candidates gets ``''``.
+  """
+  scores = rank_candidates(encoder, questions, candidates)
+  return [top_k_evidence(c, s, k) if len(c) else '' for c, s in zip(candidates, scores)]
+
+
+__all__ = ['ListwiseExample', 'TrainingPair', 'candidate_suffix', 'compress', 'contrastive_loss_fn',
+           'count_truncated', 'em_labels', 'listwise_arrays', 'listwise_loss_fn', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
            'top_k_evidence']

@@ -93,10 +93,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from recomp_jax.data.readers import write_corpus, write_examples
+from recomp_jax.data.formats import write_corpus, write_examples
 from recomp_jax.data.schema import Example, FilterReport, Passage
 from recomp_jax.data.sentences import build_corpus, split_sentences
-from recomp_jax.evaluation import has_answer, normalize_answer
+from recomp_jax.evaluation.qa_metrics import has_answer, normalize_answer
 
 NOTICE = ('Derived from English Wikipedia lead paragraphs (CC BY-SA 4.0, '
           'https://creativecommons.org/licenses/by-sa/4.0/) as shipped in the PyPI package '

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from recomp_jax.checkpoints import ModelFamily
-from recomp_jax.checkpoints.hf import (Array, CheckpointError, TensorSource, WeightSpec, linear,
+from recomp_jax.pretrained.spec import ModelFamily
+from recomp_jax.pretrained.hf import (Array, CheckpointError, TensorSource, WeightSpec, linear,
                                        reshaped)
 from recomp_jax.models import layers
 
@@ -250,7 +250,7 @@ def pooling_from_sentence_transformers(cfg: dict) -> tuple[str, bool]:
 
   Understands both the legacy boolean keys (``pooling_mode_mean_tokens``, ...)
   and the newer ``pooling_mode`` key; ``normalize`` is the flag that
-  :func:`recomp_jax.checkpoints.load_pretrained` adds when the pipeline has a
+  :func:`recomp_jax.pretrained.load_pretrained` adds when the pipeline has a
   ``Normalize`` module.
   """
   modes = cfg.get('pooling_mode')

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from recomp_jax.checkpoints import CheckpointError, Pretrained, load_pretrained
-from recomp_jax.decoding import bucket_length
+from recomp_jax.data.buckets import bucket_length
+from recomp_jax.pretrained import CheckpointError, Pretrained, load_pretrained
 from recomp_jax.models.bert import (POOLING_MODES, BertModel, pool,
                                     pooling_from_sentence_transformers)
 
@@ -66,7 +66,7 @@ class DualEncoder(nnx.Module):
   def from_pretrained(cls, src: str, *, passage_src: str | None = None, shared: bool = True,
                       pooling: str | None = None, normalize: bool | None = None,
                       dtype=jnp.float32, param_dtype=jnp.float32) -> 'DualEncoder':
-    """Loads BERT tower(s) through :func:`recomp_jax.checkpoints.load_pretrained`.
+    """Loads BERT tower(s) through :func:`recomp_jax.pretrained.load_pretrained`.
 
     Args:
       src: HF directory / hub id / sentence-transformers directory of the
@@ -146,7 +146,7 @@ class Encoder:
   """Tokenizer + :class:`DualEncoder`: ``encode(list[str]) -> np.ndarray [n, D]``.
 
   Texts are sorted by length and batched; each batch is padded to
-  ``decoding.bucket_length`` of its longest text (capped at ``max_length``)
+  ``recomp_jax.data.buckets.bucket_length`` of its longest text (capped at ``max_length``)
   and a partial last batch to a power of two, so the number of compiled
   shapes stays small. The model's current parameters are used at every call.
   """

@@ -52,9 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from recomp_jax.checkpoints import ModelFamily
-from recomp_jax.checkpoints.hf import WeightSpec, linear, reshaped
 from recomp_jax.models import layers
+from recomp_jax.pretrained.hf import WeightSpec, linear, reshaped
+from recomp_jax.pretrained.spec import ModelFamily
 
 SLIDING = 'sliding_attention'
 FULL = 'full_attention'

@@ -1,7 +1,7 @@
 """Compiled prefill, decode steps and text generation for :mod:`recomp_jax.models.gemma`.
 
 :func:`generate` runs prompt prefill and the whole token loop
-(:func:`recomp_jax.decoding.decode_loop`) inside one ``jax.jit``: the model
+(:func:`recomp_jax.models.generation.decode_loop`) inside one ``jax.jit``: the model
 crosses the boundary as ``nnx.split`` state (its graph definition is a static
 argument), sampling settings are static, and prompts are left-padded to a
 length bucket so different prompt lengths share compilations. Nothing returns
@@ -9,7 +9,8 @@ to the host between tokens.
 
 :func:`prefill` / :func:`decode_step` are the same cached steps compiled on
 their own (cache donated), for scorers that encode a shared prefix once and
-continue it many times; :class:`Generator` goes from prompt strings to texts.
+continue it many times; :class:`recomp_jax.models.generation.GemmaGenerator` goes from
+prompt strings to texts.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from recomp_jax import decoding
+from recomp_jax.data.buckets import bucket_length
+from recomp_jax.models import generation
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 
 
@@ -40,7 +42,7 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, stop_mask, *, sam
   cache = model.init_cache(batch, prompt_len + sampling.max_new_tokens)
   first_logits, cache = model.prefill(input_ids, attention_mask, cache)
   step = lambda tokens, cache, _: model.decode_step(tokens, cache)
-  return decoding.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
+  return generation.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
                               sampling=sampling, pad_id=pad_id)
 
 
@@ -65,7 +67,7 @@ def eos_stop_mask(model: GemmaModel, extra_ids: Sequence[int] = ()) -> np.ndarra
 
 
 def generate(model: GemmaModel, input_ids, attention_mask=None, *,
-             sampling: decoding.SamplingConfig, stop_mask=None, rng: jax.Array | None = None,
+             sampling: generation.SamplingConfig, stop_mask=None, rng: jax.Array | None = None,
              pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Generates continuations of left-padded prompts.
 
@@ -85,7 +87,7 @@ def generate(model: GemmaModel, input_ids, attention_mask=None, *,
     attention_mask = np.ones(input_ids.shape, np.int32)
   pad_id = model.config.pad_token_id if pad_id is None else pad_id
   pad_id = 0 if pad_id is None else int(pad_id)
-  ids, mask = left_pad(input_ids, attention_mask, decoding.bucket_length(input_ids.shape[1]),
+  ids, mask = left_pad(input_ids, attention_mask, bucket_length(input_ids.shape[1]),
                        pad_id)
   if stop_mask is None:
     stop_mask = eos_stop_mask(model)
@@ -125,30 +127,4 @@ def copy_cache(cache: DecodeCache) -> DecodeCache:
   return jax.tree.map(jnp.copy, cache)
 
 
-class Generator(decoding.TextGenerator):
-  """Prompt strings -> generated texts with :func:`generate` (see :class:`decoding.TextGenerator`).
-
-  Prompts are tokenised with the tokenizer's defaults (BOS for Gemma),
-  left-padded and run in batches of ``batch_size`` (the last batch is padded
-  with repeats, so every batch reuses one compilation per length bucket).
-  """
-
-  padding_side = 'left'
-
-  def __init__(self, model: GemmaModel, tokenizer, *, batch_size: int = 8):
-    super().__init__(model, tokenizer, batch_size=batch_size)
-    pad = tokenizer.pad_token_id
-    self.pad_id = int(pad if pad is not None else (model.config.pad_token_id or 0))
-
-  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
-    eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
-    return decoding.stop_token_mask(self.tokenizer, self.model.config.vocab_size, stop_strings,
-                                    eos_ids=eos)
-
-  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
-    return generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
-                    rng=rng, pad_id=self.pad_id)
-
-
-__all__ = ['Generator', 'copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad',
-           'prefill']
+__all__ = ['copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad', 'prefill']

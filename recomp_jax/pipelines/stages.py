@@ -100,7 +100,7 @@ def module_source_hash(module_name: str) -> str:
 
 
 def code_hash(modules: Sequence[str]) -> str:
-  """One hash of the sources of ``modules`` (names like ``'recomp_jax.prompts'``)."""
+  """One hash of the sources of ``modules`` (names like ``'recomp_jax.reader.prompts'``)."""
   return fingerprint({m: module_source_hash(m) for m in sorted(modules)})
 
 

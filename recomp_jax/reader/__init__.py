@@ -1,5 +1,9 @@
-"""The reader LM: one facade for log-likelihood, greedy answers and exact match (Gemma or T5)."""
+"""The reader LM: one facade for log-likelihood, greedy answers and exact match (Gemma or T5).
 
-from recomp_jax.reader.reader import Reader, resolve_demo_model
+``reader.py`` holds :class:`Reader`; ``prompts.py`` the reader prompt protocol; ``scoring.py``
+the sharded jitted log-likelihood functions behind :meth:`Reader.loglik`.
+"""
 
-__all__ = ['Reader', 'resolve_demo_model']
+from recomp_jax.reader.reader import Reader
+
+__all__ = ['Reader']

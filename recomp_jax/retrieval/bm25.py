@@ -168,10 +168,10 @@ class BM25Index:
     """Examples with ``ctxs`` replaced by the top-``k`` passages for their question.
 
     ``has_answer`` of each retrieved passage is filled with
-    :func:`recomp_jax.evaluation.has_answer` and ``is_gold`` by id against ``gold_ctx``
+    :func:`recomp_jax.evaluation.qa_metrics.has_answer` and ``is_gold`` by id against ``gold_ctx``
     (analysis only).
     """
-    from recomp_jax.evaluation import has_answer  # pylint: disable=import-outside-toplevel
+    from recomp_jax.evaluation.qa_metrics import has_answer  # pylint: disable=import-outside-toplevel
     out = []
     for ex in examples:
       gold_id = ex.gold_ctx.id if ex.gold_ctx is not None else None

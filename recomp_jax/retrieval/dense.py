@@ -256,7 +256,7 @@ class DenseIndex:
 
   def retrieve(self, encoder, examples: Sequence[Example], k: int = 20) -> list[Example]:
     """Examples with ``ctxs`` replaced by their top-``k`` passages (``has_answer``/``is_gold`` filled)."""
-    from recomp_jax.evaluation import has_answer  # pylint: disable=import-outside-toplevel
+    from recomp_jax.evaluation.qa_metrics import has_answer  # pylint: disable=import-outside-toplevel
     found = self.search_batch(encoder, [e.question for e in examples], k)
     out = []
     for ex, ctxs in zip(examples, found):

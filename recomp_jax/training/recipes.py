@@ -1,6 +1,6 @@
 """Fine-tuning recipes shared by the compressor systems: data arrays + a loss function each.
 
-Every recipe turns strings into fixed-shape numpy arrays for :func:`recomp_jax.train.train`
+Every recipe turns strings into fixed-shape numpy arrays for :func:`recomp_jax.training.loop.train`
 (``ArrayIterator``) and gives the matching ``(model, batch, rng) -> (loss, metrics)``.
 
 * **Prompt-masked causal-LM SFT** (:func:`causal_lm_arrays`, :func:`causal_lm_loss_fn`): a
@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from recomp_jax import losses
-from recomp_jax.decoding import bucket_length
+from recomp_jax.data.buckets import bucket_length
+from recomp_jax.training import losses
 
 
 @dataclasses.dataclass
@@ -112,7 +112,7 @@ def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_m
   """``(model, batch, rng) -> (loss, metrics)`` of :func:`causal_lm_arrays` batches.
 
   ``model(input_ids, attention_mask) -> [B, L, V]`` logits (a Gemma); the loss is
-  :func:`recomp_jax.losses.seq2seq_loss` over the ``loss_mask`` positions.
+  :func:`recomp_jax.training.losses.seq2seq_loss` over the ``loss_mask`` positions.
   """
 
   def loss_fn(model, batch, rng):

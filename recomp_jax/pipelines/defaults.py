@@ -1,7 +1,7 @@
-"""Defaults shared by the extractive-compressor configs (``configs/*_extractive.py``).
+"""Config defaults of the pipelines (``configs/*.py`` build on them).
 
-:func:`base_config` holds every field the pipeline (``recomp_jax/pipelines/extractive.py``)
-reads, with the paper's values (RECOMP §4.1, A.1: batch 64, lr 2e-5, 1000 warmup steps,
+:func:`base_config` holds every field the runner, the shared head and the extractive
+system (``recomp_jax/pipelines/{runner,shared,extractive}.py``) read, with the paper's values (RECOMP §4.1, A.1: batch 64, lr 2e-5, 1000 warmup steps,
 3 epochs, top 20 candidate sentences of the top 5 documents); the experiment configs
 change only what their dataset or preset needs.
 """
@@ -12,7 +12,7 @@ import ml_collections
 def base_config() -> ml_collections.ConfigDict:
   """Every pipeline field at its paper default."""
   c = ml_collections.ConfigDict()
-  c.task = 'extractive'
+  c.system = 'extractive'  # the compressor system (recomp_jax.pipelines.runner.SYSTEMS)
   c.dataset = 'nq'  # nq | tqa | hotpotqa: names the results file and the main metric
   c.preset = ''
   c.seed = 0

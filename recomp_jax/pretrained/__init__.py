@@ -10,62 +10,18 @@ dispatches on ``model_type``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 
-from recomp_jax.checkpoints.hf import (CheckpointError, InMemorySource, SafetensorsSource,
-                                       TensorSource, WeightSpec, load_weights, read_config,
-                                       resolve_directory, save_weights)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelFamily:
-  """What the generic loader needs to know about one model family.
-
-  Attributes:
-    name: family name (``'bert'``, ``'t5'``, ``'gemma'``).
-    config_from_hf: HF ``config.json`` dict -> our frozen config dataclass.
-    config_to_hf: our config -> a ``config.json`` dict that transformers loads.
-    build: ``(config, *, dtype, param_dtype, rngs) -> nnx.Module``.
-    weight_specs: ``config -> list[WeightSpec]`` covering every parameter.
-    ignore: regexes of HF tensors that may be present but are unused.
-    adapt_source: optional ``TensorSource -> TensorSource`` view applied
-      before loading (e.g. accepting both ``'bert.'``-prefixed and bare names).
-    config_from_checkpoint: optional ``(config, tensor names) -> config`` for
-      settings only the stored tensors reveal (T5: whether ``lm_head.weight``
-      is stored, which configs written by transformers>=5 no longer record).
-  """
-  name: str
-  config_from_hf: Callable[[dict], Any]
-  config_to_hf: Callable[[Any], dict]
-  build: Callable[..., nnx.Module]
-  weight_specs: Callable[[Any], Sequence[WeightSpec]]
-  ignore: Sequence[str] = ()
-  adapt_source: Callable[[TensorSource], TensorSource] | None = None
-  config_from_checkpoint: Callable[[Any, frozenset[str]], Any] | None = None
-
-
-_FAMILY_MODULES = {
-    'bert': 'recomp_jax.models.bert',
-    't5': 'recomp_jax.models.t5',
-    'gemma': 'recomp_jax.models.gemma',
-    'gemma2': 'recomp_jax.models.gemma',
-    'gemma3': 'recomp_jax.models.gemma',
-    'gemma3_text': 'recomp_jax.models.gemma',
-}
-
-
-def family_for(model_type: str, where: str = 'config.json') -> ModelFamily:
-  """The :class:`ModelFamily` serving a HF ``model_type``."""
-  if model_type not in _FAMILY_MODULES:
-    raise CheckpointError(f'{where}: unsupported model_type {model_type!r}; '
-                          f'supported: {sorted(_FAMILY_MODULES)}')
-  return importlib.import_module(_FAMILY_MODULES[model_type]).FAMILY
+from recomp_jax.pretrained.hf import (CheckpointError, InMemorySource, SafetensorsSource,
+                                      TensorSource, WeightSpec, load_weights, read_config,
+                                      resolve_directory, save_weights)
+from recomp_jax.pretrained.demo import resolve_demo_model
+from recomp_jax.pretrained.spec import ModelFamily, family_for
 
 
 @dataclasses.dataclass
@@ -132,7 +88,7 @@ def load_pretrained(src: str | os.PathLike, *, dtype=jnp.float32, param_dtype=jn
   """
   src = os.fspath(src)
   if src.endswith('.gguf'):
-    from recomp_jax.checkpoints import gguf as gguf_reader
+    from recomp_jax.pretrained import gguf as gguf_reader
     src = gguf_reader.convert_to_hf_dir(src, cache_dir=gguf_cache_dir)
   directory = resolve_directory(src)
   transformer_dir, pooling = _sentence_transformers_parts(directory)
@@ -173,4 +129,5 @@ def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: st
 
 
 __all__ = ['CheckpointError', 'InMemorySource', 'ModelFamily', 'Pretrained', 'SafetensorsSource',
-           'WeightSpec', 'build_from_source', 'export_pretrained', 'family_for', 'load_pretrained']
+           'WeightSpec', 'build_from_source', 'export_pretrained', 'family_for', 'load_pretrained',
+           'resolve_demo_model']

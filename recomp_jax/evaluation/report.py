@@ -19,9 +19,9 @@ whose body is stale. Markers inside fenced code blocks (```` ``` ```` / ``~~~``)
 
 Command line::
 
-  python -m recomp_jax.report results/x.json [...]   # print the markdown of each file
-  python -m recomp_jax.report --readme README.md     # rewrite README's report blocks
-  python -m recomp_jax.report --check README.md      # exit 1 listing stale blocks
+  python -m recomp_jax.evaluation.report results/x.json [...]   # print the markdown of each file
+  python -m recomp_jax.evaluation.report --readme README.md     # rewrite README's report blocks
+  python -m recomp_jax.evaluation.report --check README.md      # exit 1 listing stale blocks
 
 Exit status 2 with one ``error: ...`` line on a bad results file or README.
 
@@ -406,7 +406,7 @@ def check_readme(readme_path: PathLike, root: PathLike = '.') -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='python -m recomp_jax.report',
+      prog='python -m recomp_jax.evaluation.report',
       description='Markdown from results.json files; README report blocks kept generated.')
   parser.add_argument('files', nargs='*', help='results.json files to print as markdown')
   mode = parser.add_mutually_exclusive_group()
@@ -435,7 +435,7 @@ def _run_check(readme: str, root: str) -> int:
   for path in stale:
     print(f'{readme}: stale report block: {path}')
   if stale:
-    print(f'regenerate with: python -m recomp_jax.report --readme {readme}')
+    print(f'regenerate with: python -m recomp_jax.evaluation.report --readme {readme}')
     return 1
   print(f'{readme}: report blocks up to date')
   return 0

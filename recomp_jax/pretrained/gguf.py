@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from recomp_jax.checkpoints.hf import CheckpointError
+from recomp_jax.pretrained.hf import CheckpointError
 
 logger = logging.getLogger(__name__)
 

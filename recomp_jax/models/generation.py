@@ -1,4 +1,4 @@
-"""The jitted token loop shared by T5 and Gemma decoding.
+"""All text generation: the jitted token loop shared by T5 and Gemma, and their generators.
 
 A model provides a prefill (prompt -> cache and the logits of the first new
 token) and a ``step_fn(tokens, cache, step) -> (logits, cache)``; this module
@@ -9,6 +9,10 @@ here re-dispatches from Python per token.
 Stop strings (e.g. ``"\\n"``) are handled with a vocabulary mask of the tokens
 whose text contains one (:func:`stop_token_mask`); :func:`decode_texts`
 then cuts the decoded text at the first stop string.
+
+:class:`GemmaGenerator` and :class:`T5Generator` go from prompt strings to texts (the
+model-specific cached steps live beside each model: ``gemma_decoding.generate``,
+``t5.generate``).
 """
 
 from __future__ import annotations
@@ -199,18 +203,44 @@ class TextGenerator:
                           stop_strings=stop_strings, seed=seed, padding_side=self.padding_side)
 
 
-LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
-                  6144, 8192)
+class GemmaGenerator(TextGenerator):
+  """Gemma: prompt strings -> texts with :func:`recomp_jax.models.gemma_decoding.generate`.
 
-
-def bucket_length(length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
-  """Smallest bucket >= ``length`` (multiples of the largest beyond it): bounds recompiles.
-
-  The default buckets grow by 1.5x / 1.33x steps, so padding wastes at most a third
-  of a batch's tokens while the number of compiled shapes stays logarithmic.
+  Prompts are tokenised with the tokenizer's defaults (BOS for Gemma),
+  left-padded and run in batches of ``batch_size`` (the last batch is padded
+  with repeats, so every batch reuses one compilation per length bucket).
   """
-  for b in buckets:
-    if length <= b:
-      return b
-  top = buckets[-1]
-  return -(-length // top) * top
+
+  padding_side = 'left'
+
+  def __init__(self, model, tokenizer, *, batch_size: int = 8):
+    super().__init__(model, tokenizer, batch_size=batch_size)
+    pad = tokenizer.pad_token_id
+    self.pad_id = int(pad if pad is not None else (model.config.pad_token_id or 0))
+
+  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
+    eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
+    return stop_token_mask(self.tokenizer, self.model.config.vocab_size, stop_strings, eos_ids=eos)
+
+  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
+    from recomp_jax.models.gemma_decoding import generate  # pylint: disable=import-outside-toplevel
+    return generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
+                    rng=rng, pad_id=self.pad_id)
+
+
+class T5Generator(TextGenerator):
+  """Prompt strings -> greedy (or sampled) texts with :func:`recomp_jax.models.t5.generate`.
+
+  Same call signature as :class:`GemmaGenerator`: prompts are tokenised
+  with special tokens, right-padded and run in batches of ``batch_size`` (the
+  last one filled with repeats), texts cut at the first stop string.
+  """
+
+  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
+    from recomp_jax.models import t5  # pylint: disable=import-outside-toplevel
+    return t5.default_stop_mask(self.model.config, self.tokenizer, stop_strings)
+
+  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
+    from recomp_jax.models import t5  # pylint: disable=import-outside-toplevel
+    return t5.generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
+                       rng=rng)

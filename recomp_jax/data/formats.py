@@ -33,6 +33,7 @@ import io
 import json
 import os
 import re
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -299,6 +300,23 @@ def read_examples(path: str | os.PathLike, flavour: str = 'auto', *, limit: int 
   return examples
 
 
+def _numbered_lines(f, path) -> Iterator[tuple[int, str]]:
+  """``(line number, line)`` of an open text file; a damaged gzip stream is a :class:`DataError`
+  naming the file and the first line that could not be read (never a bare ``EOFError``)."""
+  lineno = 0
+  while True:
+    try:
+      line = f.readline()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+      raise DataError(path, lineno + 1, None,
+                      f'truncated or corrupt gzip file ({type(e).__name__}: {e}); '
+                      f'{lineno} lines were readable') from None
+    if not line:
+      return
+    lineno += 1
+    yield lineno, line
+
+
 def _iter_records(path, on_error: str,
                   report: FilterReport) -> Iterator[tuple[int, int, Any]]:
   """Yields ``(index, line_number, record)``; ``index`` counts non-blank lines from 0.
@@ -311,7 +329,7 @@ def _iter_records(path, on_error: str,
   """
   with _open_text(path, errors='surrogateescape') as f:
     index = 0
-    for lineno, line in enumerate(f, start=1):
+    for lineno, line in _numbered_lines(f, path):
       if not line.strip():
         continue
       index += 1

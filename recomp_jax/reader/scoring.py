@@ -11,7 +11,7 @@ Log-likelihood (RECOMP's labelling signal, the NQ protocol's `` {answer}`` after
   ``[B, T, V]`` logits; Gemma's final logit soft-cap is applied per chunk
   before the log-sum-exp;
 * lengths are padded to buckets (:data:`LENGTH_BUCKETS`,
-  :data:`TARGET_BUCKETS` via :func:`recomp_jax.decoding.bucket_length`), the
+  :data:`TARGET_BUCKETS` via :func:`recomp_jax.data.buckets.bucket_length`), the
   batch to a fixed size, so a run compiles a handful of programs;
 * with a mesh, the batch's leading axis is split over ``('data', 'fsdp')``
   (:func:`recomp_jax.sharding.batch_sharding`), the parameters follow the
@@ -34,9 +34,9 @@ always holds the last ``window`` indices a chunk query can see).
 (target tokens, plus EOS by default).
 
 Exact match: :func:`answer_and_score` runs a batched greedy generator (Gemma:
-:class:`recomp_jax.models.gemma_decoding.Generator`; T5:
-:class:`Seq2SeqGenerator`) with the protocol's 12 new tokens cut at the first
-newline, and scores with SQuAD normalisation (:func:`recomp_jax.evaluation.qa_scores`).
+:class:`recomp_jax.models.generation.GemmaGenerator`; T5:
+:class:`recomp_jax.models.generation.T5Generator`) with the protocol's 12 new tokens cut at the first
+newline, and scores with SQuAD normalisation (:func:`recomp_jax.evaluation.qa_metrics.qa_scores`).
 
 Shapes: ``B`` batch, ``T`` sequence (or chunk) length, ``A`` target slots,
 ``P`` prefix length, ``D`` embed, ``V`` vocab, ``C`` vocabulary chunk.
@@ -53,10 +53,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from recomp_jax import decoding, evaluation, sharding
+from recomp_jax import sharding
+from recomp_jax.data.buckets import bucket_length
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 from recomp_jax.models.t5 import T5Model
-from recomp_jax.prompts import postprocess_answer
 
 # Sequence-length buckets (<= 12.5% padding above 256 tokens) and target-length buckets.
 LENGTH_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512, 576, 640, 768,
@@ -420,10 +420,10 @@ class _Scorer:
     self.pad_id = int(pad if pad is not None else 0)
 
   def _length(self, n: int) -> int:
-    return decoding.bucket_length(max(n, 1), self.length_buckets)
+    return bucket_length(max(n, 1), self.length_buckets)
 
   def _slots(self, n: int) -> int:
-    return decoding.bucket_length(max(n, 1), self.target_buckets)
+    return bucket_length(max(n, 1), self.target_buckets)
 
   def _put(self, batch):
     """Numpy batch -> device arrays; with a mesh, split over the batch axes ``('data', 'fsdp')``.
@@ -630,78 +630,8 @@ class Seq2SeqScorer(_Scorer):
     return _collect(results, len(context_ids))
 
 
-# ----------------------------------------------------------------------------- exact match
-
-
-class Seq2SeqGenerator(decoding.TextGenerator):
-  """Prompt strings -> greedy (or sampled) texts with :func:`recomp_jax.models.t5.generate`.
-
-  Same call signature as :class:`recomp_jax.models.gemma_decoding.Generator`
-  (both are :class:`recomp_jax.decoding.TextGenerator`): prompts are tokenised
-  with special tokens, right-padded and run in batches of ``batch_size`` (the
-  last one filled with repeats), texts cut at the first stop string.
-  """
-
-  model: T5Model
-
-  def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
-    from recomp_jax.models import t5
-    return t5.default_stop_mask(self.model.config, self.tokenizer, stop_strings)
-
-  def generate_batch(self, input_ids, attention_mask, rng, *, sampling, stop_mask):
-    from recomp_jax.models import t5
-    return t5.generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
-                       rng=rng)
-
-
-def answer_and_score(generator: Callable[..., list[str]], prompts: Sequence[str],
-                     answers: Sequence[Sequence[str]], *, max_new_tokens: int = 12,
-                     stop_strings: Sequence[str] = ('\n',)) -> dict[str, Any]:
-  """Greedy answers for reader prompts, scored by EM / F1 (NQ protocol).
-
-  Args:
-    generator: ``(prompts, *, max_new_tokens, stop_strings) -> texts``, e.g.
-      :class:`recomp_jax.models.gemma_decoding.Generator` or :class:`Seq2SeqGenerator`.
-    prompts: ``N`` prompt strings (:func:`recomp_jax.prompts.build_prompt`).
-    answers: ``N`` lists of gold answers.
-    max_new_tokens, stop_strings: the protocol's 12 tokens, cut at the first newline.
-  Returns:
-    ``{'predictions': N stripped answers, 'em': %, 'f1': %, 'n', 'em_per_example' [N],
-    'f1_per_example' [N]}``.
-  """
-  if len(prompts) != len(answers):
-    raise ValueError(f'{len(prompts)} prompts for {len(answers)} answer lists')
-  texts = generator(list(prompts), max_new_tokens=max_new_tokens, stop_strings=stop_strings)
-  predictions = [postprocess_answer(t) for t in texts]
-  return {'predictions': predictions, **evaluation.qa_scores(predictions, answers)}
-
-
-class ExactMatchScorer:
-  """EM / F1 of a reader's greedy answers: a Gemma or T5 model with its tokenizer.
-
-  ``scorer(prompts, answers)`` is :func:`answer_and_score` with the protocol's
-  settings (``max_new_tokens=12``, stop at ``'\\n'``).
-  """
-
-  def __init__(self, model: nnx.Module, tokenizer, *, batch_size: int = 8,
-               max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)):
-    if isinstance(model, GemmaModel):
-      from recomp_jax.models.gemma_decoding import Generator
-      self.generator = Generator(model, tokenizer, batch_size=batch_size)
-    elif isinstance(model, T5Model):
-      self.generator = Seq2SeqGenerator(model, tokenizer, batch_size=batch_size)
-    else:
-      raise TypeError(f'no generator for {type(model).__name__}')
-    self.max_new_tokens = max_new_tokens
-    self.stop_strings = tuple(stop_strings)
-
-  def __call__(self, prompts: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, Any]:
-    return answer_and_score(self.generator, prompts, answers, max_new_tokens=self.max_new_tokens,
-                            stop_strings=self.stop_strings)
-
-
-__all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'ExactMatchScorer', 'LENGTH_BUCKETS',
-           'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores', 'Seq2SeqGenerator',
-           'Seq2SeqScorer', 'TARGET_BUCKETS', 'answer_and_score', 'causal_log_likelihood',
+__all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'LENGTH_BUCKETS',
+           'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores',
+           'Seq2SeqScorer', 'TARGET_BUCKETS', 'causal_log_likelihood',
            'continuation_log_likelihood', 'encode_prefix', 'output_head',
            'seq2seq_log_likelihood', 'target_log_probs']

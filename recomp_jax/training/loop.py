@@ -48,9 +48,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from recomp_jax import sharding as sharding_lib
-from recomp_jax.checkpoint import Checkpointer
-from recomp_jax.metrics import MeanAccumulator, MetricWriter, format_metrics
-from recomp_jax.optim import OptimizerConfig, applied_updates, learning_rate_schedule, make_optimizer
+from recomp_jax.training.checkpointer import Checkpointer
+from recomp_jax.training.optim import OptimizerConfig, applied_updates, learning_rate_schedule, make_optimizer
+from recomp_jax.training.summaries import MeanAccumulator, MetricWriter, format_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class TrainConfig:
       many skipped updates in a row.
     progress_bar: show tqdm (process 0 only).
     mesh: ``data`` / ``fsdp`` / ``tensor`` sizes (-1 = fill).
-    optimizer: :class:`recomp_jax.optim.OptimizerConfig`.
+    optimizer: :class:`recomp_jax.training.optim.OptimizerConfig`.
   """
   num_steps: int = 1000
   seed: int = 0
@@ -189,7 +189,7 @@ def create_train_state(model: nnx.Module | Callable[[], nnx.Module],
       ``load_pretrained(...).model``, whose arrays are moved onto the mesh in
       place and then owned by the state (the module must not be used after
       the first train step, which donates them).
-    optimizer: an :class:`OptimizerConfig` (AdamW, see :mod:`recomp_jax.optim`)
+    optimizer: an :class:`OptimizerConfig` (AdamW, see :mod:`recomp_jax.training.optim`)
       or any optax transformation.
     mesh: the device mesh.
     seed: RNG seed of ``state.rng``.

@@ -1,0 +1,23 @@
+"""Bucketed static shapes: padded lengths come from a short list, so jitted functions compile
+a bounded number of times whatever the input lengths."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                  6144, 8192)
+
+
+def bucket_length(length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
+  """Smallest bucket >= ``length`` (multiples of the largest beyond it): bounds recompiles.
+
+  The default buckets grow by 1.5x / 1.33x steps, so padding wastes at most a third
+  of a batch's tokens while the number of compiled shapes stays logarithmic.
+  """
+  for b in buckets:
+    if length <= b:
+      return b
+  top = buckets[-1]
+  return -(-length // top) * top

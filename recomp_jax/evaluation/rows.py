@@ -1,0 +1,192 @@
+"""Evaluation rows: evidence -> the reader's EM / F1 / tokens per question, for every system.
+
+A row is one way of choosing the evidence the reader sees (no retrieval, the top-1
+document, a trained compressor's output, ...). :func:`evaluate_rows` reads every row with
+the one :class:`recomp_jax.reader.Reader` under the reader prompt protocol and appends one
+record per row to a resumable JSONL (a killed evaluation keeps its finished rows);
+:func:`aggregate_rows` folds per-seed rows (``key@seed``) into one row of the results
+schema; :func:`bootstrap_rows` compares the trained row with every other row.
+
+The rows every system shares (:data:`SHARED_ROW_KEYS`) are built here by
+:func:`shared_evidence`; a system adds its own (:meth:`recomp_jax.compressors.base.System.rows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+from absl import logging
+
+from recomp_jax.data.schema import Example
+from recomp_jax.data.sentences import format_candidate, split_sentences
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.pipelines.stages import ResumableJsonl
+from recomp_jax.reader import prompts
+
+SHARED_ROW_KEYS = ('none', 'top1', 'top5', 'lead', 'gold')
+SHARED_ROW_NAMES = {
+    'none': 'no retrieval',
+    'top1': 'top-1 document',
+    'top5': 'top-5 documents',
+    'lead': 'lead sentence of the top-1 document',
+    'gold': 'gold passage(s)',
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One evaluation row.
+
+  Attributes:
+    row_id: ``key``, or ``key@seed`` for a row evaluated once per training seed.
+    key: the row key of the results schema (``'top1'``, ``'trained'``, ...).
+    evidence: builds the evidence text per test example (``None``: the row does not score
+      that example); called only when the row is not already in the results file.
+  """
+  row_id: str
+  key: str
+  evidence: Callable[[], list[str | None]]
+
+
+def lead_sentence(example: Example) -> str:
+  """The first sentence of the top-1 document as a candidate string ('' without documents)."""
+  if not example.ctxs:
+    return ''
+  sentences = split_sentences(example.ctxs[0].text)
+  return format_candidate(example.ctxs[0].title, sentences[0]) if sentences else ''
+
+
+def gold_passages(example: Example):
+  """The gold evidence of an example, or None when the protocol skips it.
+
+  Every retrieved passage flagged ``is_gold`` (HotpotQA: both supporting paragraphs), in
+  retrieval order; with no flags at all, the example's ``gold_ctx``. An example whose
+  flags are all false (NQ: gold passage not retrieved) is not scored by the gold row
+  (NQ reader protocol).
+  """
+  flagged = [p for p in example.ctxs if p.is_gold]
+  if flagged:
+    return flagged
+  if any(p.is_gold is not None for p in example.ctxs) or example.gold_ctx is None:
+    return None
+  return [example.gold_ctx]
+
+
+def shared_evidence(key: str, examples: Sequence[Example]) -> list[str | None]:
+  """Evidence per example for a row every system reports (:data:`SHARED_ROW_KEYS`)."""
+  if key == 'none':
+    return [''] * len(examples)
+  if key == 'top1':
+    return [prompts.format_documents(e.ctxs[:1]) for e in examples]
+  if key == 'top5':
+    return [prompts.format_documents(e.ctxs[:5]) for e in examples]
+  if key == 'lead':
+    return [lead_sentence(e) for e in examples]
+  if key == 'gold':
+    out = []
+    for e in examples:
+      gold = gold_passages(e)
+      out.append(None if gold is None else prompts.format_documents(gold))
+    return out
+  raise ValueError(f'unknown shared row {key!r}; shared rows: {", ".join(SHARED_ROW_KEYS)}')
+
+
+def shared_rows(keys: Sequence[str], examples: Sequence[Example]) -> list[Row]:
+  """:class:`Row` objects for the shared keys among ``keys``."""
+  return [Row(k, k, lambda k=k: shared_evidence(k, examples)) for k in keys if k in SHARED_ROW_KEYS]
+
+
+def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_path: str) -> dict[str, dict]:
+  """Reads every row's evidence with ``reader``; one record per row appended to ``out_path``.
+
+  Rows already in ``out_path`` are skipped (resume). A record holds the row's EM / F1 (%),
+  mean evidence tokens under the reader's tokenizer, ``n`` (questions scored) and the
+  per-question ids, predictions, evidence, EM, F1 and tokens.
+
+  Returns:
+    ``{row_id: record}`` for every row of ``rows``.
+  """
+  done = ResumableJsonl(out_path, key='row')
+  for row in rows:
+    if row.row_id in done:
+      continue
+    start = time.time()
+    evidence = row.evidence()
+    keep = [i for i, ev in enumerate(evidence) if ev is not None]
+    reader_prompts = [prompts.build_prompt(examples[i].question, evidence[i]) for i in keep]
+    scores = reader.exact_match(reader_prompts, [examples[i].answers for i in keep])
+    tokens = [reader.count_tokens(evidence[i]) for i in keep]
+    done.append({'row': row.row_id, 'key': row.key, 'n': len(keep), 'ids': [examples[i].id for i in keep],
+                 'em': scores['em'], 'f1': scores['f1'],
+                 'em_per_example': scores['em_per_example'].tolist(),
+                 'f1_per_example': scores['f1_per_example'].tolist(),
+                 'tokens_per_example': tokens, 'tokens': float(np.mean(tokens)) if tokens else 0.0,
+                 'predictions': scores['predictions'], 'evidence': [evidence[i] for i in keep],
+                 'seconds': time.time() - start})
+    logging.info('row %-22s EM %5.1f F1 %5.1f tokens %6.1f (%.0fs)', row.row_id, scores['em'], scores['f1'],
+                 float(np.mean(tokens)) if tokens else 0.0, time.time() - start)
+  done.close()
+  return {row.row_id: done.records[row.row_id] for row in rows}
+
+
+def aggregate_rows(records: dict[str, dict], row_keys: Sequence[str], name: Callable[[str], str],
+                   out_key: Callable[[str], str] = lambda key: key) -> tuple[list[dict], dict[str, dict]]:
+  """Schema rows, in ``row_keys`` order, with per-seed rows (``key@seed``) folded into one row.
+
+  A folded row's EM/F1 are the means over seeds of its per-question scores (fractional per
+  question), so its paired bootstrap compares the seed average; ``em_per_seed`` keeps each
+  seed's EM. ``name(key)`` is the row's display name, ``out_key(key)`` its key in the file.
+
+  Returns:
+    ``(rows, per_example)``: the schema rows, and per output key ``{'ids', 'em', 'f1'}``
+    arrays of the per-question scores (0-1) for :func:`bootstrap_rows`.
+  """
+  rows, per_example = [], {}
+  for key in row_keys:
+    seeded = sorted(((int(r.split('@')[1]), rec) for r, rec in records.items()
+                     if r.split('@')[0] == key and '@' in r), key=lambda x: x[0])
+    if seeded:
+      seed_records = [rec for _, rec in seeded]
+      ids = seed_records[0]['ids']
+      if any(r['ids'] != ids for r in seed_records):
+        raise RuntimeError(f'{key} rows of different seeds scored different questions')
+      em = np.mean([r['em_per_example'] for r in seed_records], axis=0)
+      f1 = np.mean([r['f1_per_example'] for r in seed_records], axis=0)
+      rows.append({'key': out_key(key), 'name': name(key), 'em': 100.0 * float(em.mean()),
+                   'f1': 100.0 * float(f1.mean()),
+                   'tokens': float(np.mean([r['tokens'] for r in seed_records])), 'n': len(ids),
+                   'seeds': [s for s, _ in seeded],
+                   'em_per_seed': [r['em'] for r in seed_records],
+                   'f1_per_seed': [r['f1'] for r in seed_records]})
+      per_example[out_key(key)] = {'ids': ids, 'em': em, 'f1': f1}
+    elif key in records and records[key]['n'] > 0:
+      r = records[key]
+      rows.append({'key': out_key(key), 'name': name(key), 'em': r['em'], 'f1': r['f1'],
+                   'tokens': r['tokens'], 'n': r['n']})
+      per_example[out_key(key)] = {'ids': r['ids'], 'em': np.asarray(r['em_per_example']),
+                                   'f1': np.asarray(r['f1_per_example'])}
+  return rows, per_example
+
+
+def bootstrap_rows(per_example: dict[str, dict], metric: str, seed: int) -> list[dict]:
+  """Paired bootstrap of ``trained`` minus every other row, on the questions both scored."""
+  if 'trained' not in per_example:
+    return []
+  a = per_example['trained']
+  index_a = {q: i for i, q in enumerate(a['ids'])}
+  out = []
+  for key, b in per_example.items():
+    if key == 'trained':
+      continue
+    shared = [(index_a[q], j) for j, q in enumerate(b['ids']) if q in index_a]
+    if not shared:
+      continue
+    ia, ib = map(list, zip(*shared))
+    result = qa_metrics.paired_bootstrap(a[metric][ia], b[metric][ib], seed=seed)
+    out.append({'a': 'trained', 'b': key, 'metric': metric, 'delta': 100 * result.diff,
+                'lo': 100 * result.low, 'hi': 100 * result.high, 'p_value': result.p_value,
+                'n': len(shared)})
+  return out

