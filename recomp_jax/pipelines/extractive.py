@@ -287,6 +287,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
 
   t = config.train
   base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
+  base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
   train_length = _train_passage_length(config, base)
   if objective == 'contrastive':
     pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
@@ -463,7 +464,9 @@ class ExtractiveSystem(System):
 
   @staticmethod
   def _encoder_inputs(config) -> dict:
-    return {**config.to_dict()['encoder'], 'weights': shared.model_fingerprint(config.encoder.model, 'encoder')}
+    """The encoder settings that can change ranking (layer execution only matters to training)."""
+    fields = {k: v for k, v in config.to_dict()['encoder'].items() if k not in ('remat', 'scan_layers')}
+    return {**fields, 'weights': shared.model_fingerprint(config.encoder.model, 'encoder')}
 
   def stages(self, ctx: Context) -> tuple[str, ...]:
     config, runner, models = ctx.config, ctx.runner, ctx.resources
@@ -495,6 +498,7 @@ class ExtractiveSystem(System):
       self.train_dirs.setdefault(objective, {})[seed] = ctx.stage_dir(name)
       ctx.summaries[name] = runner.run(
           name, {'train': train_fields, 'objective': objective, 'encoder': encoder_inputs,
+                 'layer_execution': {'remat': config.encoder.remat, 'scan_layers': config.encoder.scan_layers},
                  'mesh': cfg['mesh'], 'seed': seed},
           lambda d, seed=seed, objective=objective: stage_train(
               config, seed, dirs['retrieve'], dirs['candidates'], dirs['label'], dirs['pairs'],
