@@ -28,10 +28,28 @@ def timeit(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 3) -> fl
   return statistics.median(times)
 
 
+def cpu_description() -> str:
+  """The CPU model and its matrix-unit flags (``/proc/cpuinfo``): ratios differ by CPU kind."""
+  model, flags = platform.processor() or platform.machine(), set()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        if key.strip() == 'model name':
+          model = value.strip()
+        elif key.strip() == 'flags':
+          flags = set(value.split())
+          break
+  except OSError:
+    pass
+  wanted = ('avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile', 'avx_vnni')
+  return f'{model} [{" ".join(f for f in wanted if f in flags) or "no AVX-512/AMX"}]'
+
+
 def machine_line() -> str:
   import jax
   import torch
-  return (f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__} '
+  return (f'{cpu_description()}, {os.cpu_count()} cores; jax {jax.__version__} '
           f'({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} threads)')
 
 
