@@ -1,4 +1,4 @@
-"""Data side of the pipeline: records, readers, sentence candidates, the offline demo set.
+"""Data side of the pipeline: records, file formats, sentence candidates, the offline demo set.
 
 ``schema``     Passage / Example records, DataError (file:line: field), FilterReport
 ``formats``    DPR/FiD, FlashRAG, NQ-open, TriviaQA (llm-foundry), HotpotQA (IRCoT) JSONL,

@@ -88,7 +88,7 @@ class Example:
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def to_dict(self) -> dict[str, Any]:
-    """JSON-ready dict in the DPR/FiD layout read back by ``readers.read_examples``."""
+    """JSON-ready dict in the DPR/FiD layout read back by ``formats.read_examples``."""
     out: dict[str, Any] = {'id': self.id, 'question': self.question,
                            'answers': list(self.answers),
                            'ctxs': [c.to_dict() for c in self.ctxs]}
