@@ -169,6 +169,10 @@ def knowledge_injection_train_loss(model: gemma.GemmaModel, batch: dict, rng: ja
   return losses.knowledge_injection_loss(logits, batch['tokens'], batch['segment_ids'])
 
 
+def _scanned(model):
+  return model.set_layer_execution(scan_layers=True, remat=True)
+
+
 # --------------------------------------------------------------------------- cases
 
 MODEL_CASES = [
@@ -176,6 +180,11 @@ MODEL_CASES = [
                dual_encoder_batch),
     EngineCase('t5_v1_1_seq2seq', make_t5, seq2seq_train_loss, t5_batch),
     EngineCase('gemma3_knowledge_injection', make_gemma, knowledge_injection_train_loss, gemma_batch),
+    # the same steps with the layers as one lax.scan over stacked, sharded parameters + remat
+    EngineCase('t5_v1_1_seq2seq_scanned_remat', lambda: _scanned(make_t5()), seq2seq_train_loss,
+               t5_batch),
+    EngineCase('gemma3_knowledge_injection_scanned_remat', lambda: _scanned(make_gemma()),
+               knowledge_injection_train_loss, gemma_batch),
 ]
 
 # Parameters whose placement is asserted literally: (case, path) -> expected spec on the 2x2x2 mesh.
@@ -310,7 +319,7 @@ else:
       assert jax.tree.map(lambda x: x.sharding.spec, adam.mu) == expected
       assert jax.tree.map(lambda x: x.sharding.spec, adam.nu) == expected
       # ... which, spelled out, split mlp / heads / vocab over 'tensor' and embed over 'fsdp'
-      for path, spec in EXPECTED_SPECS[case.name].items():
+      for path, spec in EXPECTED_SPECS[case.name.removesuffix('_scanned_remat')].items():
         assert _get(specs, path) == spec, path
         array = _get(state.params, path)
         split = [mesh.shape[axis] if axis else 1 for axis in spec]

@@ -152,7 +152,7 @@ class BertLayer(nnx.Module):
     return self.mlp_norm(x + drop(self.mlp(x)))
 
 
-class BertModel(nnx.Module):
+class BertModel(layers.LayerExecution, nnx.Module):
   """BERT encoder returning the last hidden state.
 
   Dropout (``hidden_dropout_prob``, on embeddings and on both residual
@@ -169,9 +169,6 @@ class BertModel(nnx.Module):
     ``layers x batch x length`` intermediates (GELU, LayerNorm, attention probabilities),
     for about a third more compute.
   """
-
-  scan_layers: bool = False
-  remat: bool = False
 
   def __init__(self, config: BertConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                rngs: nnx.Rngs | None):
@@ -209,39 +206,10 @@ class BertModel(nnx.Module):
     x = self.embeddings(input_ids, token_type_ids)
     x = self.dropout(x, deterministic=deterministic, rngs=rngs)
     mask = attention_mask.astype(jnp.bool_)[:, None, None, :]  # [B, 1, 1, S]
-    if self.scan_layers:
-      if not deterministic:
-        raise ValueError('scan_layers runs without dropout; pass deterministic=True')
-      return self._scanned_layers(x, mask)
-    for layer in self.layers:
-      if self.remat:
-        x = nnx.remat(lambda layer, x, mask: layer(x, mask, deterministic=deterministic, rngs=rngs))(
-            layer, x, mask)
-      else:
-        x = layer(x, mask, deterministic=deterministic, rngs=rngs)
-    return x
-
-  def set_layer_execution(self, *, scan_layers: bool | None = None, remat: bool | None = None
-                          ) -> 'BertModel':
-    """Chooses how the layers run (see the class docstring); returns ``self``."""
-    if scan_layers is not None:
-      self.scan_layers = bool(scan_layers)
-    if remat is not None:
-      self.remat = bool(remat)
-    return self
-
-  def _scanned_layers(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-    """``[B, T, D]`` through every layer as one ``lax.scan`` over ``[L, ...]`` stacked parameters."""
-    graphdef, _ = nnx.split(self.layers[0])
-    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.state(layer) for layer in self.layers])
-
-    def body(h, state):
-      return nnx.merge(graphdef, state)(h, mask), None
-
-    if self.remat:
-      body = jax.checkpoint(body)
-    x, _ = jax.lax.scan(body, x, stacked)
-    return x
+    if self.scan_layers and not deterministic:
+      raise ValueError('scan_layers runs without dropout; pass deterministic=True')
+    body = lambda layer, x, _: layer(x, mask, deterministic=deterministic, rngs=rngs)  # noqa: E731
+    return layers.run_layers(self.layers, body, x, scan=self.scan_layers, remat=self.remat)
 
 
 # ----------------------------------------------------------------------------- pooling

@@ -568,12 +568,17 @@ class GemmaBlock(nnx.Module):
     return x + h
 
 
-class GemmaModel(nnx.Module):
+class GemmaModel(layers.LayerExecution, nnx.Module):
   """Gemma 1/2/3 causal LM: token ids -> logits, with cached prefill / decode steps.
 
   Parameters: ``embedder.embedding [V, D]`` (also the output head when tied,
   else ``lm_head.kernel [D, V]``), ``layers[i]`` (:class:`GemmaBlock`),
   ``final_norm``.
+
+  ``set_layer_execution(scan_layers=, remat=)`` (:func:`layers.run_layers`) applies to the
+  uncached forward (:meth:`hidden_states`, used by training and scoring): scanned, sliding
+  and full layers share one body that selects its mask and RoPE table by a per-layer flag.
+  The cached prefill / decode steps keep the loop (sliding layers hold smaller ring caches).
   """
 
   def __init__(self, config: GemmaConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
@@ -651,11 +656,19 @@ class GemmaModel(nnx.Module):
       positions = jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0)
     masks = self._chunk_masks(valid)
     ropes = self._rope_tables(positions)
-    x = self.embed(input_ids)
-    for i, block in enumerate(self.layers):
-      sliding = self.config.is_sliding(i)
-      attend = lambda q, k, v, m=masks[sliding]: self._attend(q, k, v, m)
-      x = block(x, ropes[sliding], attend)
+    sliding = np.array([self.config.is_sliding(i) for i in range(self.config.num_layers)])
+
+    def body(block, x, layer_is_sliding):
+      if len(ropes) == 1 or isinstance(layer_is_sliding, np.bool_):  # the kind is known here
+        kind = bool(layer_is_sliding) if len(ropes) > 1 else next(iter(ropes))
+        mask, rope = masks[kind], ropes[kind]
+      else:  # scanned: sliding and full layers share one body, so select this layer's kind
+        mask = jnp.where(layer_is_sliding, masks[True], masks[False])
+        rope = tuple(jnp.where(layer_is_sliding, a, b) for a, b in zip(ropes[True], ropes[False]))
+      return block(x, rope, lambda q, k, v: self._attend(q, k, v, mask))
+
+    x = layers.run_layers(self.layers, body, self.embed(input_ids), sliding,
+                          scan=self.scan_layers, remat=self.remat)
     return self.final_norm(x)
 
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,

@@ -238,3 +238,65 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   if name not in ACTIVATIONS:
     raise ValueError(f'unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}')
   return ACTIVATIONS[name]
+
+
+# ----------------------------------------------------------------------------- repeated layers
+
+
+def run_layers(blocks: Sequence[nnx.Module], body: Callable, carry, per_layer=None, *,
+               scan: bool = False, remat: bool = False):
+  """Runs ``carry = body(block, carry, x)`` over identically shaped ``blocks``.
+
+  ``per_layer`` is a pytree whose leaves have a leading ``[L]`` axis (``x`` is its
+  ``i``-th slice for block ``i``), or ``None``.
+
+  * ``scan=False``: a Python loop (one traced copy of the body per layer).
+  * ``scan=True``: one ``jax.lax.scan`` over the blocks' parameters stacked to
+    ``[L, ...]`` at call time, so the compiled program holds one body whatever the depth.
+    The parameters stay per layer in the module tree (checkpoints, HF export and the
+    sharding rules see ``layers[i]``); the stack costs one copy of the layer weights per
+    call, which is why decoding keeps the loop. This is ``nnx.scan`` written out with
+    ``nnx.split`` / ``nnx.merge``: ``nnx.scan`` needs the parameters stored stacked.
+  * ``remat=True``: each layer's activations are recomputed in the backward pass
+    (``jax.checkpoint`` per layer) instead of kept.
+
+  The body must not update module state (no dropout RNG streams, no batch statistics).
+  """
+  if not scan:
+    step = body
+    if remat:
+      step = nnx.remat(body)
+    for i, block in enumerate(blocks):
+      x = None if per_layer is None else jax.tree.map(lambda leaf, i=i: leaf[i], per_layer)
+      carry = step(block, carry, x)
+    return carry
+  graphdef, _ = nnx.split(blocks[0])
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.state(b) for b in blocks])
+
+  def scan_step(carry, inputs):
+    state, x = inputs
+    return body(nnx.merge(graphdef, state), carry, x), None
+
+  if remat:
+    scan_step = jax.checkpoint(scan_step)
+  carry, _ = jax.lax.scan(scan_step, carry, (stacked, per_layer))
+  return carry
+
+
+class LayerExecution:
+  """Mixin for models whose repeated layers go through :func:`run_layers`.
+
+  ``scan_layers`` and ``remat`` are plain attributes (not state): they change how the
+  layers are traced, not what they compute.
+  """
+
+  scan_layers: bool = False
+  remat: bool = False
+
+  def set_layer_execution(self, *, scan_layers: bool | None = None, remat: bool | None = None):
+    """Chooses how the repeated layers run (see :func:`run_layers`); returns ``self``."""
+    if scan_layers is not None:
+      self.scan_layers = bool(scan_layers)
+    if remat is not None:
+      self.remat = bool(remat)
+    return self

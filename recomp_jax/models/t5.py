@@ -345,7 +345,7 @@ class DecoderBlock(nnx.Module):
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
-class T5Encoder(nnx.Module):
+class T5Encoder(layers.LayerExecution, nnx.Module):
   """Encoder stack: bidirectional relative bias, blocks, final norm."""
 
   def __init__(self, config: T5Config, *, dtype, param_dtype, rngs):
@@ -360,12 +360,12 @@ class T5Encoder(nnx.Module):
     length = x.shape[1]
     bias = self.relative_bias(jnp.arange(length), length)
     key_mask = mask.astype(bool)[:, None, None, :]
-    for block in self.blocks:
-      x = block(x, mask=key_mask, bias=bias)
+    x = layers.run_layers(self.blocks, lambda block, x, _: block(x, mask=key_mask, bias=bias), x,
+                          scan=self.scan_layers, remat=self.remat)
     return self.final_norm(x)
 
 
-class T5Decoder(nnx.Module):
+class T5Decoder(layers.LayerExecution, nnx.Module):
   """Decoder stack: causal relative bias, blocks with cross-attention, final norm."""
 
   def __init__(self, config: T5Config, *, dtype, param_dtype, rngs):
@@ -379,38 +379,48 @@ class T5Decoder(nnx.Module):
     """Every layer's cross-attention ``(keys, values)``, each ``[B, S, N, H]``."""
     return tuple(block.cross_attn.project_kv(encoder_hidden) for block in self.blocks)
 
-  def __call__(self, x: jax.Array, cross_kv: Sequence[KV], encoder_mask: jax.Array, *,
-               decoder_mask: jax.Array | None = None, cache: Sequence[KV] | None = None,
-               cache_index: jax.Array | int = 0) -> tuple[jax.Array, tuple[KV, ...] | None]:
-    """Embedded tokens ``[B, T, D]`` -> (final-normed ``[B, T, D]``, updated cache).
+  def __call__(self, x: jax.Array, encoder_hidden: jax.Array, encoder_mask: jax.Array, *,
+               decoder_mask: jax.Array | None = None) -> jax.Array:
+    """Teacher forcing: embedded tokens ``[B, T, D]`` at positions ``0..T-1`` -> final-normed ``[B, T, D]``.
 
-    Without ``cache`` the ``T`` tokens sit at positions ``0..T-1`` (teacher
-    forcing; ``decoder_mask [B, T]`` optionally masks padded targets). With
-    ``cache`` (one ``(keys, values)`` ``[B, L, N, H]`` per layer) they sit at
-    ``cache_index..cache_index+T-1`` and attend to every cached position up to
-    their own.
+    ``encoder_hidden [B, S, D]`` and ``encoder_mask [B, S]``; ``decoder_mask [B, T]``
+    optionally masks padded targets. Each layer projects its own cross-attention keys and
+    values inside its body, so scanned layers (``set_layer_execution``) stay one body.
     """
-    if cache is not None and decoder_mask is not None:
-      raise ValueError('decoder_mask is only supported without a cache (teacher forcing)')
     length = x.shape[1]
-    query_positions = cache_index + jnp.arange(length)
-    if cache is None:
-      key_length = length
-      self_mask = (jnp.arange(length)[None, :] <= query_positions[:, None])[None, None]
-      if decoder_mask is not None:
-        self_mask = jnp.logical_and(self_mask, decoder_mask.astype(bool)[:, None, None, :])
-    else:
-      key_length = cache[0][0].shape[1]
-      self_mask = (jnp.arange(key_length)[None, :] <= query_positions[:, None])[None, None]
+    positions = jnp.arange(length)
+    self_mask = (positions[None, :] <= positions[:, None])[None, None]
+    if decoder_mask is not None:
+      self_mask = jnp.logical_and(self_mask, decoder_mask.astype(bool)[:, None, None, :])
+    self_bias = self.relative_bias(positions, length)
+    cross_mask = encoder_mask.astype(bool)[:, None, None, :]
+
+    def body(block, x, _):
+      return block(x, block.cross_attn.project_kv(encoder_hidden), self_mask=self_mask,
+                   self_bias=self_bias, cross_mask=cross_mask)[0]
+
+    x = layers.run_layers(self.blocks, body, x, scan=self.scan_layers, remat=self.remat)
+    return self.final_norm(x)
+
+  def step(self, x: jax.Array, cross_kv: Sequence[KV], encoder_mask: jax.Array,
+           cache: Sequence[KV], cache_index: jax.Array | int) -> tuple[jax.Array, tuple[KV, ...]]:
+    """Cached decoding: embedded tokens ``[B, T, D]`` at ``cache_index..cache_index+T-1``.
+
+    ``cross_kv`` and ``cache`` hold one ``(keys, values)`` per layer (``[B, S, N, H]`` /
+    ``[B, L, N, H]``); the tokens attend to every cached position up to their own.
+    Returns the final-normed ``[B, T, D]`` and the updated caches (the layers run as a loop).
+    """
+    query_positions = cache_index + jnp.arange(x.shape[1])
+    key_length = cache[0][0].shape[1]
+    self_mask = (jnp.arange(key_length)[None, :] <= query_positions[:, None])[None, None]
     self_bias = self.relative_bias(query_positions, key_length)
     cross_mask = encoder_mask.astype(bool)[:, None, None, :]
     new_cache = []
     for i, block in enumerate(self.blocks):
       x, layer_cache = block(x, cross_kv[i], self_mask=self_mask, self_bias=self_bias,
-                             cross_mask=cross_mask, cache=None if cache is None else cache[i],
-                             cache_index=cache_index)
+                             cross_mask=cross_mask, cache=cache[i], cache_index=cache_index)
       new_cache.append(layer_cache)
-    return self.final_norm(x), (None if cache is None else tuple(new_cache))
+    return self.final_norm(x), tuple(new_cache)
 
 
 # ----------------------------------------------------------------------------- model
@@ -451,6 +461,18 @@ class T5Model(nnx.Module):
           (config.d_model,), (config.vocab_size,), axes=('embed', 'vocab'),
           kernel_init=nnx.initializers.normal(config.d_model ** -0.5), **kw)
 
+  def set_layer_execution(self, *, scan_layers: bool | None = None, remat: bool | None = None
+                          ) -> 'T5Model':
+    """Scans / rematerialises the encoder's and the decoder's layers (:func:`layers.run_layers`).
+
+    Applies to encoding and the teacher-forced decoder (training and scoring); cached
+    decoding steps keep the loop. Returns ``self``.
+    """
+    for stack in (self.encoder, self.decoder):
+      if stack is not None:
+        stack.set_layer_execution(scan_layers=scan_layers, remat=remat)
+    return self
+
   def encode(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """``input_ids [B, S]``, ``attention_mask [B, S]`` (1 = token) -> ``[B, S, D]``."""
     return self.encoder(self.shared(input_ids), attention_mask)
@@ -472,10 +494,8 @@ class T5Model(nnx.Module):
     Returns:
       ``[B, T, D]`` final-normed hidden states; :meth:`logits` maps them to the vocabulary.
     """
-    decoder = self._require_decoder()
-    hidden, _ = decoder(self.shared(decoder_input_ids), decoder.cross_kv(encoder_hidden),
-                        encoder_mask, decoder_mask=decoder_mask)
-    return hidden
+    return self._require_decoder()(self.shared(decoder_input_ids), encoder_hidden, encoder_mask,
+                                   decoder_mask=decoder_mask)
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Decoder hidden states ``[..., D] -> [..., V]`` float32 logits (f32 accumulation)."""
@@ -520,8 +540,8 @@ class T5Model(nnx.Module):
     Returns float32 logits ``[B, T, V]`` and the state with their keys/values cached.
     """
     decoder = self._require_decoder()
-    hidden, self_kv = decoder(self.shared(tokens), state.cross_kv, state.encoder_mask,
-                              cache=state.self_kv, cache_index=position)
+    hidden, self_kv = decoder.step(self.shared(tokens), state.cross_kv, state.encoder_mask,
+                                   state.self_kv, position)
     return self.logits(hidden), state._replace(self_kv=self_kv)
 
 
