@@ -190,6 +190,10 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
     predictions = [json.loads(line) for line in f]
   assert len(predictions) == 4 * len(results['stages']['evaluate']['rows']) and {'row', 'id', 'prediction', 'em', 'evidence'} <= set(predictions[0])
   assert os.path.exists(os.path.join(config.workdir, 'results.md'))
+  (analysis,) = [t for t in results['extra_tables'] if t['title'].startswith('Where the evidence fails')]
+  by_row = {r[0]: r for r in analysis['rows']}
+  assert set(by_row) == set(results['stages']['evaluate']['rows'])
+  assert by_row['top1'][4:] == [0, 0] and by_row['none'][1] == 0.0  # no wins over itself; empty evidence
   assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'encoder_best'))
   train = json.load(open(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0

@@ -102,7 +102,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   """Writes ``results.json`` (schema of ``../shared/specs/results_schema.md``), ``predictions.jsonl``
   and ``results.md`` into ``workdir``; returns the results dict."""
   from recomp_jax import provenance  # pylint: disable=import-outside-toplevel
-  from recomp_jax.evaluation import report  # pylint: disable=import-outside-toplevel
+  from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.stages import ResumableJsonl  # pylint: disable=import-outside-toplevel
   config, summaries = ctx.config, ctx.summaries
   done = ResumableJsonl(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
@@ -125,10 +125,6 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
       'notes': system.notes(config, summaries), **system.results_fields(config, summaries),
   }
   extra = _recall_table(config, summaries)
-  if extra:
-    results['extra_tables'] = extra
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2, default=str)
   with open(os.path.join(workdir, 'predictions.jsonl'), 'w', encoding='utf-8') as f:
     for row_id, r in records.items():
       for i, qid in enumerate(r['ids']):
@@ -136,6 +132,12 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
                             'em': r['em_per_example'][i], 'f1': r['f1_per_example'][i],
                             'tokens': r['tokens_per_example'][i], 'evidence': r['evidence'][i]},
                            ensure_ascii=False) + '\n')
+  if 'top1' in records:  # selection vs reading failures, per question (evaluation/analysis.py)
+    extra.append(analysis.extra_table(analysis.analyse(workdir, baseline='top1')))
+  if extra:
+    results['extra_tables'] = extra
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=2, default=str)
   text = report.render_markdown(results, source=os.path.join(workdir, 'results.json'))
   text += '\n| stage | seconds (this run; 0 = cached) |\n|---|---|\n'
   text += ''.join(f'| {k} | {v:.0f} |\n' for k, v in ctx.runner.timings.items())
