@@ -3,7 +3,8 @@
 For each model of the zoo -- the BERT dual encoder with the RECOMP contrastive
 loss (1 positive + 2 hard negatives, in-batch negatives, dropout on), T5 v1.1
 with the seq2seq loss, Gemma 3 (sliding + full layers) with K-COMP's
-knowledge-injection causal LM loss -- one :func:`recomp_jax.training.loop.make_train_step`
+knowledge-injection causal LM loss, and T5 / Gemma again with their layers scanned and
+rematerialised -- one :func:`recomp_jax.training.loop.make_train_step`
 on a ``(data, fsdp, tensor) = (2, 2, 2)`` mesh of 8 fake CPU devices must give
 the loss, gradients and updated parameters of the same step on one device
 (within 1e-5), with every parameter (and Adam moment) sharded as
