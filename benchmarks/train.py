@@ -199,6 +199,8 @@ def main():
   parser.add_argument('--negatives', type=int, default=5)
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--skip-bf16', action='store_true')
+  parser.add_argument('--scan-remat', action='store_true',
+                      help='ours with the layers scanned and rematerialised (the batch-64 memory setting)')
   parser.add_argument('--sequential', action='store_true',
                       help='time one side after the other, freeing each before the next (less '
                            'memory; default: all sides resident, steps timed in interleaved rounds)')
@@ -213,7 +215,7 @@ def main():
   print(f'MiniLM-L6 contrastive step: {queries} queries x 16 tokens, {passages} passages x 100 tokens '
         f'(1 positive + {args.negatives} hard negatives each), fp32 master weights, AdamW', flush=True)
 
-  factories = {'ours': lambda: OursRunner(path, batch),
+  factories = {'ours': lambda: OursRunner(path, batch, remat=args.scan_remat, scan_layers=args.scan_remat),
                'hf_fp32': lambda: TorchRunner(path, batch, bf16=False)}
   if not args.skip_bf16:
     factories['hf_bf16'] = lambda: TorchRunner(path, batch, bf16=True)
@@ -244,7 +246,7 @@ def main():
   np.testing.assert_allclose(first_losses['ours'], first_losses['hf_fp32'], rtol=1e-4, atol=1e-5)
 
   print_table('MiniLM contrastive training step', [{
-      'case': f'{queries} queries + {passages} passages x 100 tok',
+      'case': f"{queries} queries + {passages} passages x 100 tok{', ours scan + remat' if args.scan_remat else ''}",
       'ours': queries / seconds['ours'], 'hf_fp32': queries / seconds['hf_fp32'],
       'hf_bf16': queries / seconds['hf_bf16'] if 'hf_bf16' in seconds else None}], 'queries/s')
 
