@@ -20,22 +20,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 from typing import Iterator
 
+from recomp_jax.data.formats import iter_jsonl
 from recomp_jax.evaluation.qa_metrics import has_answer
 
 
 def _jsonl(path: str) -> Iterator[dict]:
-  with open(path, encoding='utf-8') as f:
-    for number, line in enumerate(f, 1):
-      if line.strip():
-        try:
-          yield json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f'{path}:{number}: not a JSON object ({e.msg})') from None
+  """Records of a JSONL file; a bad line is a ``DataError`` naming file and line."""
+  return (record for _, record in iter_jsonl(path))
 
 
 def analyse(workdir: str, baseline: str = 'top1') -> dict:
