@@ -66,7 +66,7 @@ def measure(factory, kind: str, shape: tuple[int, int], scan: bool, remat: bool
   abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
   abstract.set_layer_execution(scan_layers=scan, remat=remat)
   graphdef, state = nnx.split(abstract)
-  batch_size, length = shape
+  batch_size = shape[0]
   batch = {'ids': jax.ShapeDtypeStruct(shape, jnp.int32), 'mask': jax.ShapeDtypeStruct(shape, jnp.int32),
            'target': jax.ShapeDtypeStruct((batch_size, 64), jnp.int32)}
 
