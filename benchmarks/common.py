@@ -14,6 +14,12 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 # torch's OpenMP workers otherwise spin after each op and slow XLA's thread pool in the same process.
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
+# Both sides run under the allocator `python -m recomp_jax.main` uses (jemalloc when installed);
+# RECOMP_JAX_ALLOCATOR=system measures them under glibc malloc instead.
+from recomp_jax import allocator  # noqa: E402
+
+allocator.relaunch_with_allocator()
+
 
 def timeit(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 3) -> float:
   """Median wall seconds of ``fn()`` after ``warmup`` calls (results are blocked on)."""
@@ -49,7 +55,7 @@ def cpu_description() -> str:
 def machine_line() -> str:
   import jax
   import torch
-  return (f'{cpu_description()}, {os.cpu_count()} cores; jax {jax.__version__} '
+  return (f'{cpu_description()}, {os.cpu_count()} cores, {allocator.describe()}; jax {jax.__version__} '
           f'({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} threads)')
 
 

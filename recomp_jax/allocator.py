@@ -1,0 +1,140 @@
+"""The host memory allocator of a run: jemalloc when the machine has it.
+
+Why: every jitted call on the XLA CPU backend allocates its temporaries afresh,
+and glibc ``malloc`` hands large blocks back to the kernel when they are freed,
+so the next call faults them in again page by page. A MiniLM contrastive step
+at 32 queries touches ~7 GB of fresh pages per step this way: on 2 AMD cores
+it spends a third of its CPU time in the kernel (11.4 M minor page faults over
+6 steps) and takes 15-17 s; with jemalloc keeping freed pages it takes 9.2 s at
+the same peak RSS (8.6 GB). ``benchmarks/train.py`` measures it.
+
+:func:`relaunch_with_allocator` (called first thing by ``python -m
+recomp_jax.main`` and by the benchmarks) re-executes the process once with
+``LD_PRELOAD`` set to jemalloc (Debian/Ubuntu: ``apt install libjemalloc2``),
+or tcmalloc if only that is installed, and with jemalloc told to keep the
+pages it frees (its default returns blocks of 8 MiB and more to the kernel at
+once, which is exactly the cost to avoid; keeping them also gave the lowest
+peak RSS of the settings tried, see :data:`JEMALLOC_CONF`). With neither library, glibc is told
+to back its heap with transparent huge pages (``glibc.malloc.hugetlb=1``,
+glibc >= 2.35), which cuts the page faults ~50x and recovers part of the time.
+
+``RECOMP_JAX_ALLOCATOR`` chooses: ``auto`` (default, as above), ``system``
+(leave the process alone), or the path of an allocator library to preload.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from typing import Mapping
+
+ENV_CHOICE = 'RECOMP_JAX_ALLOCATOR'
+ENV_DONE = 'RECOMP_JAX_ALLOCATOR_SET'  # set in the re-executed process: never relaunch twice
+
+# Freed pages stay with the process. Measured on the 32-query MiniLM step (median of 4 steps,
+# process peak RSS): this 9.3 s / 8.6 GB; 'oversize_threshold:0' 9.4 s / 15.7 GB;
+# 'oversize_threshold:0,background_thread:true' 11.6 s / 12.0 GB; jemalloc's defaults 15.6 s.
+JEMALLOC_CONF = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
+GLIBC_HUGEPAGES = 'glibc.malloc.hugetlb=1'
+
+_LIBRARY_NAMES = ('libjemalloc.so.2', 'libjemalloc.so', 'libtcmalloc_minimal.so.4',
+                  'libtcmalloc.so.4')
+_LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/usr/lib/aarch64-linux-gnu', '/usr/lib64',
+                 '/usr/lib', '/usr/local/lib', '/lib/x86_64-linux-gnu', '/lib64')
+
+
+def find_allocator(search_dirs: tuple[str, ...] | None = None) -> str | None:
+  """Path of the first jemalloc (preferred) or tcmalloc library found, or None.
+
+  Looks in ``$CONDA_PREFIX/lib`` and the usual system library directories.
+  """
+  dirs = list(search_dirs if search_dirs is not None else _LIBRARY_DIRS)
+  if search_dirs is None and os.environ.get('CONDA_PREFIX'):
+    dirs.insert(0, os.path.join(os.environ['CONDA_PREFIX'], 'lib'))
+  for name in _LIBRARY_NAMES:
+    for directory in dirs:
+      for path in sorted(glob.glob(os.path.join(directory, name))):
+        if os.path.isfile(path):
+          return path
+  return None
+
+
+def loaded_allocator(maps_path: str = '/proc/self/maps') -> str:
+  """``'jemalloc'``, ``'tcmalloc'`` or ``'glibc'``: the allocator this process runs with."""
+  try:
+    with open(maps_path, encoding='utf-8', errors='replace') as f:
+      maps = f.read()
+  except OSError:
+    return 'unknown'
+  for name in ('jemalloc', 'tcmalloc'):
+    if f'lib{name}' in maps:
+      return name
+  return 'glibc'
+
+
+def _glibc_has_hugetlb_tunable() -> bool:
+  try:
+    version = os.confstr('CS_GNU_LIBC_VERSION') or ''  # 'glibc 2.36'
+    major, minor = (int(x) for x in version.split()[1].split('.')[:2])
+  except (ValueError, IndexError, OSError):
+    return False
+  return (major, minor) >= (2, 35)
+
+
+def allocator_environment(env: Mapping[str, str], *, library: str | None,
+                          glibc_hugetlb: bool) -> dict[str, str] | None:
+  """The environment to re-execute with, or None to leave the process as it is.
+
+  Args:
+    env: the current environment.
+    library: the allocator library :func:`find_allocator` found (or None).
+    glibc_hugetlb: whether glibc understands ``glibc.malloc.hugetlb``.
+  """
+  if env.get(ENV_DONE) or not sys.platform.startswith('linux'):
+    return None
+  choice = env.get(ENV_CHOICE, 'auto').strip() or 'auto'
+  if choice == 'system':
+    return None
+  if choice != 'auto':
+    if not os.path.isfile(choice):
+      raise FileNotFoundError(f'{ENV_CHOICE}={choice}: no such allocator library (use auto, '
+                              f'system or the path of a .so file)')
+    library = choice
+  preload = env.get('LD_PRELOAD', '')
+  if any(name in preload for name in ('jemalloc', 'tcmalloc')):
+    return None  # the user chose an allocator already
+  new = dict(env)
+  new[ENV_DONE] = '1'
+  if library:
+    new['LD_PRELOAD'] = f'{library}:{preload}' if preload else library
+    if 'jemalloc' in os.path.basename(library) and 'MALLOC_CONF' not in env:
+      new['MALLOC_CONF'] = JEMALLOC_CONF
+    return new
+  if glibc_hugetlb and 'GLIBC_TUNABLES' not in env:
+    new['GLIBC_TUNABLES'] = GLIBC_HUGEPAGES
+    return new
+  return None
+
+
+def relaunch_with_allocator() -> None:
+  """Re-executes this process (same interpreter and argv) with the allocator of
+  :func:`allocator_environment`; returns without doing anything when none applies."""
+  new_env = allocator_environment(os.environ, library=find_allocator(),
+                                  glibc_hugetlb=_glibc_has_hugetlb_tunable())
+  if new_env is None:
+    return
+  argv = list(getattr(sys, 'orig_argv', None) or [sys.executable, *sys.argv])
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, [sys.executable, *argv[1:]], new_env)
+
+
+def describe() -> str:
+  """One line for logs and benchmark headers, e.g. ``allocator jemalloc (MALLOC_CONF=...)``."""
+  name = loaded_allocator()
+  if name == 'jemalloc':
+    return f"allocator jemalloc (MALLOC_CONF={os.environ.get('MALLOC_CONF', 'default')})"
+  if name == 'glibc' and os.environ.get('GLIBC_TUNABLES'):
+    return f"allocator glibc (GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']})"
+  return f'allocator {name}'

@@ -1,0 +1,89 @@
+"""The allocator relaunch: which environment a run re-executes with, and that it really does."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recomp_jax import allocator
+
+JEMALLOC = '/usr/lib/x86_64-linux-gnu/libjemalloc.so.2'
+
+
+def test_auto_preloads_the_library_and_tunes_jemalloc():
+  env = allocator.allocator_environment({'PATH': '/bin'}, library=JEMALLOC, glibc_hugetlb=True)
+  assert env['LD_PRELOAD'] == JEMALLOC
+  assert env['MALLOC_CONF'] == allocator.JEMALLOC_CONF
+  assert env[allocator.ENV_DONE] == '1' and env['PATH'] == '/bin'
+
+
+def test_existing_preload_is_kept_and_user_settings_win():
+  env = allocator.allocator_environment({'LD_PRELOAD': '/x/libfoo.so', 'MALLOC_CONF': 'narenas:1'},
+                                        library=JEMALLOC, glibc_hugetlb=True)
+  assert env['LD_PRELOAD'] == f'{JEMALLOC}:/x/libfoo.so'
+  assert env['MALLOC_CONF'] == 'narenas:1'
+  # The user preloaded an allocator of their own: leave it.
+  assert allocator.allocator_environment({'LD_PRELOAD': '/opt/libtcmalloc.so.4'},
+                                         library=JEMALLOC, glibc_hugetlb=True) is None
+
+
+def test_tcmalloc_gets_no_jemalloc_conf():
+  env = allocator.allocator_environment({}, library='/usr/lib/libtcmalloc_minimal.so.4',
+                                        glibc_hugetlb=True)
+  assert env['LD_PRELOAD'].endswith('libtcmalloc_minimal.so.4') and 'MALLOC_CONF' not in env
+
+
+def test_without_a_library_glibc_gets_huge_pages_only_if_it_knows_them():
+  assert allocator.allocator_environment({}, library=None, glibc_hugetlb=True)[
+      'GLIBC_TUNABLES'] == allocator.GLIBC_HUGEPAGES
+  assert allocator.allocator_environment({}, library=None, glibc_hugetlb=False) is None
+  assert allocator.allocator_environment({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'},
+                                         library=None, glibc_hugetlb=True) is None
+
+
+def test_system_choice_and_second_launch_do_nothing():
+  assert allocator.allocator_environment({allocator.ENV_CHOICE: 'system'}, library=JEMALLOC,
+                                         glibc_hugetlb=True) is None
+  assert allocator.allocator_environment({allocator.ENV_DONE: '1'}, library=JEMALLOC,
+                                         glibc_hugetlb=True) is None
+
+
+def test_explicit_library_path_is_checked(tmp_path):
+  with pytest.raises(FileNotFoundError, match='RECOMP_JAX_ALLOCATOR=/nope.so'):
+    allocator.allocator_environment({allocator.ENV_CHOICE: '/nope.so'}, library=None,
+                                    glibc_hugetlb=True)
+  lib = tmp_path / 'libmy.so'
+  lib.write_bytes(b'')
+  env = allocator.allocator_environment({allocator.ENV_CHOICE: str(lib)}, library=JEMALLOC,
+                                        glibc_hugetlb=True)
+  assert env['LD_PRELOAD'] == str(lib)
+
+
+def test_loaded_allocator_reads_the_process_maps(tmp_path):
+  maps = tmp_path / 'maps'
+  maps.write_text('7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n')
+  assert allocator.loaded_allocator(str(maps)) == 'jemalloc'
+  maps.write_text('7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n')
+  assert allocator.loaded_allocator(str(maps)) == 'glibc'
+
+
+_PROBE = ('from recomp_jax import allocator; allocator.relaunch_with_allocator(); '
+          'import sys; print(allocator.loaded_allocator(), sys.argv[1:])')
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
+def test_relaunch_really_switches_the_allocator_and_keeps_argv():
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
+                      allocator.ENV_CHOICE)}
+  run = lambda extra: subprocess.run([sys.executable, '-c', _PROBE, 'a', '--b=1'],  # noqa: E731
+                                     env={**env, **extra}, capture_output=True, text=True,
+                                     check=True).stdout.split(maxsplit=1)
+  name, argv = run({allocator.ENV_CHOICE: 'system'})
+  assert name == 'glibc' and argv.strip() == "['a', '--b=1']"
+  library = allocator.find_allocator()
+  if library is None:
+    pytest.skip('no jemalloc/tcmalloc installed (Debian: apt install libjemalloc2)')
+  name, argv = run({})
+  assert name in library and argv.strip() == "['a', '--b=1']"
