@@ -5,7 +5,7 @@ and glibc ``malloc`` hands large blocks back to the kernel when they are freed,
 so the next call faults them in again page by page. A MiniLM contrastive step
 at 32 queries touches ~7 GB of fresh pages per step this way: on 2 AMD cores
 it spends a third of its CPU time in the kernel (11.4 M minor page faults over
-6 steps) and takes 15-17 s; with jemalloc keeping freed pages it takes 9.2 s at
+6 steps) and takes 15-17 s; with jemalloc keeping freed pages it takes 9.3 s at
 the same peak RSS (8.6 GB). ``benchmarks/train.py`` measures it.
 
 :func:`relaunch_with_allocator` (called first thing by ``python -m
@@ -24,7 +24,6 @@ glibc >= 2.35), which cuts the page faults ~50x and recovers part of the time.
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 from typing import Mapping
@@ -44,19 +43,18 @@ _LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/usr/lib/aarch64-linux-gnu', '/us
                  '/usr/lib', '/usr/local/lib', '/lib/x86_64-linux-gnu', '/lib64')
 
 
-def find_allocator(search_dirs: tuple[str, ...] | None = None) -> str | None:
+def find_allocator() -> str | None:
   """Path of the first jemalloc (preferred) or tcmalloc library found, or None.
 
   Looks in ``$CONDA_PREFIX/lib`` and the usual system library directories.
   """
-  dirs = list(search_dirs if search_dirs is not None else _LIBRARY_DIRS)
-  if search_dirs is None and os.environ.get('CONDA_PREFIX'):
-    dirs.insert(0, os.path.join(os.environ['CONDA_PREFIX'], 'lib'))
+  conda = os.environ.get('CONDA_PREFIX')
+  dirs = ((os.path.join(conda, 'lib'),) if conda else ()) + _LIBRARY_DIRS
   for name in _LIBRARY_NAMES:
     for directory in dirs:
-      for path in sorted(glob.glob(os.path.join(directory, name))):
-        if os.path.isfile(path):
-          return path
+      path = os.path.join(directory, name)
+      if os.path.isfile(path):
+        return path
   return None
 
 

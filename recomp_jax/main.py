@@ -207,10 +207,10 @@ def run(argv: list[str] | None = None) -> None:
     print(help_text())
     sys.exit(0)
   try:
-    check_overrides(argv[1:])
-    if from_command_line:
+    if from_command_line:  # before the checks below, which the relaunched process then runs once
       from recomp_jax import allocator  # pylint: disable=import-outside-toplevel
       allocator.relaunch_with_allocator()  # once, before JAX allocates anything
+    check_overrides(argv[1:])
   except (UserError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
