@@ -4,7 +4,11 @@
 
 Cases: MiniLM sentence encoding (64 sentences x 64 tokens, mean pooling + L2
 norm); Gemma 3 270M greedy decoding at batch 1 and 8 (prompt 128 tokens, exactly
-64 new tokens: no stop token); Gemma 3 270M forward (batch 4 x 256, all logits).
+64 new tokens: no stop token); Gemma 3 270M forward (batch 4 x 256, all logits); reader
+answers: 32 prompts of the NQ reader protocol (5-shot block + one evidence sentence +
+question, batches of 8, up to 12 new tokens, stop at a newline) through
+``GemmaGenerator`` with the few-shot block prefilled once, on full prompts, and HF
+``generate`` (left-padded batches of 8, ``stop_strings=['\n']``).
 HF loads the Gemma weights from our cached conversion of the GGUF (the same
 tensors transformers reads from the GGUF; see tests/test_gguf.py).
 """
@@ -135,7 +139,54 @@ def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
       'ours': tokens / timeit(lambda: forward(state, fwd_ids), repeats=repeats),
       'hf_fp32': tokens / timeit(lambda: hf_forward(hf), repeats=repeats),
       'hf_bf16': tokens / timeit(lambda: hf_forward(hf_bf16), repeats=repeats)}]
-  return decode_rows, forward_rows
+  answer_rows = bench_reader_answers(model, tokenizer, hf, hf_bf16, repeats)
+  return decode_rows, forward_rows, answer_rows
+
+
+QUESTIONS = ('where does the amazon river begin', 'how long is the amazon river',
+             'which study found the most distant source of the amazon',
+             'on which mountain is the apurimac headwater')
+
+
+def bench_reader_answers(model, tokenizer, hf, hf_bf16, repeats: int) -> list[dict]:
+  """32 protocol prompts answered greedily: answers/s, ours (prefix shared / full) vs HF."""
+  from recomp_jax.models import generation
+  from recomp_jax.reader import prompts as protocol
+
+  sentences = [s.strip() + '.' for s in TEXT.split('. ') if s.strip()]
+  texts = [protocol.build_prompt(QUESTIONS[i % len(QUESTIONS)],
+                                 f'Amazon River: {sentences[i % len(sentences)]}')
+           for i in range(32)]
+  shared = generation.GemmaGenerator(model, tokenizer, batch_size=8)
+  full = generation.GemmaGenerator(model, tokenizer, batch_size=8, min_shared_prefix=0)
+  run = lambda g: g(texts, max_new_tokens=12, stop_strings=['\n'])
+
+  def hf_answers(m):
+    out = []
+    for begin in range(0, len(texts), 8):
+      enc = tokenizer(texts[begin:begin + 8], padding=True, padding_side='left', return_tensors='pt')
+      with torch.inference_mode():
+        gen = m.generate(**enc, do_sample=False, max_new_tokens=12, stop_strings=['\n'],
+                         tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+      out += [tokenizer.decode(row, skip_special_tokens=True).split('\n')[0]
+              for row in gen[:, enc['input_ids'].shape[1]:]]
+    return out
+
+  a, b, c = run(shared), run(full), hf_answers(hf)
+  same = sum(x == y for x, y in zip(a, b))
+  agree = sum(x.strip() == y.strip() for x, y in zip(a, c))
+  lengths = [len(r) for r in tokenizer(texts)['input_ids']]
+  shared_len = generation.common_prefix_length(tokenizer(texts)['input_ids'])
+  print(f'reader answers: prompts {min(lengths)}-{max(lengths)} tokens, shared prefix {shared_len}; '
+        f'prefix-shared == full-prompt answers {same}/32, == HF fp32 {agree}/32', flush=True)
+  t_hf32 = timeit(lambda: hf_answers(hf), repeats=repeats)
+  t_hf16 = timeit(lambda: hf_answers(hf_bf16), repeats=repeats)
+  rows = []
+  for name, generator in (('prefix prefilled once', shared), ('full prompts', full)):
+    t = timeit(lambda: run(generator), repeats=repeats)
+    rows.append({'case': f'reader answers, 32 protocol prompts, batch 8 ({name})', 'ours': 32 / t,
+                 'hf_fp32': 32 / t_hf32, 'hf_bf16': 32 / t_hf16})
+  return rows
 
 
 def main():
@@ -145,9 +196,10 @@ def main():
   repeats = 1 if args.quick else 3
   print(machine_line(), flush=True)
   print_table('MiniLM sentence encoding', bench_minilm(repeats), 'sentences/s')
-  decode_rows, forward_rows = bench_gemma(repeats, args.quick)
+  decode_rows, forward_rows, answer_rows = bench_gemma(repeats, args.quick)
   print_table('Gemma 3 270M greedy decoding', decode_rows, 'new tokens/s')
   print_table('Gemma 3 270M forward', forward_rows, 'tokens/s')
+  print_table('Reader answers (NQ protocol prompts)', answer_rows, 'answers/s')
 
 
 if __name__ == '__main__':

@@ -279,6 +279,35 @@ def test_shared_prefix_cache_reuse(family):
   np.testing.assert_array_equal(results[0], results[1])
 
 
+def test_generation_from_a_shared_prefix_matches_full_prompts(family):
+  """Prefix prefilled once, continuations of 2..12 tokens left-padded after it: the padding
+  between prefix and continuation (up to 14 indices, more than the window of 8) must change
+  no token, so windows count positions and the ring keeps the slack."""
+  _, _, loaded = family
+  model = loaded.model
+  rng = np.random.RandomState(5)
+  prefix = rng.randint(3, VOCAB, size=9).tolist()
+  continuations = [rng.randint(3, VOCAB, size=n).tolist() for n in (2, 12, 7)]
+  sampling = generation.SamplingConfig(max_new_tokens=NEW_TOKENS)
+  full = [prefix + c for c in continuations]
+  ids, mask = _batch(0, max(map(len, full)), pads=[max(map(len, full)) - len(r) for r in full])
+  for i, row in enumerate(full):
+    ids[i, len(ids[i]) - len(row):] = row
+  expected, expected_lengths = gemma_decoding.generate(model, ids, mask, sampling=sampling, pad_id=0)
+  cache = gemma_decoding.encode_prefix(model, prefix, max_continuation=16,
+                                       max_new_tokens=NEW_TOKENS)
+  cont_ids = np.zeros((3, 16), np.int64)
+  cont_mask = np.zeros((3, 16), np.int64)
+  for i, row in enumerate(continuations):
+    cont_ids[i, 16 - len(row):], cont_mask[i, 16 - len(row):] = row, 1
+  tokens, lengths = gemma_decoding.generate_from_prefix(
+      model, cache, cont_ids, cont_mask, sampling=sampling, stop_mask=gemma_decoding.eos_stop_mask(model),
+      rng=jax.random.key(0), pad_id=0)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(expected))
+  np.testing.assert_array_equal(np.asarray(lengths), np.asarray(expected_lengths))
+  assert len(np.unique(np.asarray(expected))) >= 8
+
+
 def test_export_roundtrip_loads_in_transformers(family, tmp_path):
   _, hf, loaded = family
   export_pretrained(loaded, str(tmp_path))
@@ -373,3 +402,30 @@ def test_generator_texts_match_hf_greedy(gemma3):
   texts = generator(prompts, max_new_tokens=12, stop_strings=['\n'])
   assert texts == expected
   assert any(texts)
+
+
+def test_generator_shares_a_common_prompt_prefix(gemma3):
+  """Prompts with a common few-shot block: the generator prefills it once and gives the
+  texts of the full-prompt path; a prompt that ends where the block ends still works."""
+  tokenizer = _char_tokenizer()
+  block = 'Q: sky colour\nA: blue\n\nQ: grass\nA: green\n\n'
+  prompts = [block + q for q in ('Q: sun\nA:', 'Q: a long question about the sea\nA:', 'Q',
+                                 'Q: snow\nA:', 'Q: night\nA:')]
+  model = load_pretrained(gemma3).model
+  shared = generation.GemmaGenerator(model, tokenizer, batch_size=2, min_shared_prefix=16)
+  plain = generation.GemmaGenerator(model, tokenizer, batch_size=2, min_shared_prefix=0)
+  rows = tokenizer(prompts)['input_ids']
+  assert generation.common_prefix_length(rows) >= len(block)
+  calls = []
+  original = shared.generate_with_prefix
+  shared.generate_with_prefix = lambda *a, **k: calls.append(1) or original(*a, **k)
+  texts = shared(prompts, max_new_tokens=12, stop_strings=['\n'])
+  assert calls and texts == plain(prompts, max_new_tokens=12, stop_strings=['\n'])
+  assert len(set(texts)) >= 2
+
+
+def test_common_prefix_length_leaves_a_token_per_row():
+  assert generation.common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+  assert generation.common_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2
+  assert generation.common_prefix_length([[7, 2], [1, 2]]) == 0
+  assert generation.common_prefix_length([]) == 0

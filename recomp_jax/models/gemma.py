@@ -358,18 +358,24 @@ def _slot_indices(length: jax.Array, size: int) -> jax.Array:
   return length - 1 - jnp.mod(length - 1 - slots, size)
 
 
-def _history_mask(valid: jax.Array, length: jax.Array, size: int, q_idx: jax.Array,
+def _history_mask(valid: jax.Array, length: jax.Array, size: int, q_pos: jax.Array,
                   window: int | None) -> jax.Array:
-  """``[B, 1, T, size]``: which cached slots queries at token indices ``q_idx [T]`` may see.
+  """``[B, 1, T, size]``: which cached slots the chunk's queries (RoPE positions ``q_pos [B, T]``) may see.
 
   Every cached index is before the queries (causal); a slot must hold a real
-  token and, for sliding layers, lie within the window.
+  token and, for sliding layers, a token less than ``window`` *positions* back.
+  Positions, not token indices, set the window, so padding between a cached
+  prefix and a left-padded chunk (generation from a shared prefix) does not
+  shrink it; without such a gap the two agree.
   """
   idx = _slot_indices(length, size)
-  ok = (idx >= 0)[None, :] & jnp.take(valid, jnp.maximum(idx, 0), axis=1)  # [B, size]
+  safe = jnp.maximum(idx, 0)
+  ok = (idx >= 0)[None, :] & jnp.take(valid, safe, axis=1)                # [B, size]
   mask = ok[:, None, None, :]
   if window is not None:
-    mask = mask & ((q_idx[:, None] - idx[None, :]) < window)[None, None]
+    positions = jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1                 # [B, C]
+    k_pos = jnp.take(positions, safe, axis=1)                                   # [B, size]
+    mask = mask & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)[:, None]
   return mask
 
 
@@ -624,19 +630,26 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
                       softcap=self.config.attn_logit_softcapping)
 
   def _chunk_masks(self, valid: jax.Array) -> dict[bool, jax.Array]:
-    """``{is_sliding: [B, 1, T, T]}`` masks of a chunk attending to itself (``valid [B, T]``)."""
+    """``{is_sliding: [B, 1, T, T]}`` masks of a chunk attending to itself (``valid [B, T]``).
+
+    Sliding windows count real tokens (positions), like :func:`_history_mask`, so
+    padding inside a row does not narrow them; with padding only at the ends this
+    is the usual index window.
+    """
     t = valid.shape[1]
     q_idx = jnp.arange(t)[:, None]
     k_idx = jnp.arange(t)[None, :]
     window = self.config.sliding_window
+    pos = jnp.cumsum(valid, axis=1, dtype=jnp.int32)                            # [B, T]
+    distance = pos[:, :, None] - pos[:, None, :]                                 # [B, T, T]
     if self.config.use_bidirectional_attention:
       full = jnp.ones((t, t), bool)
-      local = jnp.abs(q_idx - k_idx) < (window // 2 + 1 if window else t + 1)
+      local = jnp.abs(distance) < (window // 2 + 1 if window else t + 1)
     else:
       full = k_idx <= q_idx
-      local = full & (q_idx - k_idx < window) if window else full
+      local = full[None] & (distance < window) if window else full[None]
     key_ok = valid[:, None, None, :]
-    return {False: key_ok & full[None, None], True: key_ok & local[None, None]}
+    return {False: key_ok & full[None, None], True: key_ok & local[:, None]}
 
   # -- uncached forward ---------------------------------------------------------
 
@@ -678,16 +691,24 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
 
   # -- cached forward -----------------------------------------------------------
 
-  def ring_size(self, capacity: int) -> int:
-    return min(self.config.sliding_window, capacity) if self.config.sliding_window else capacity
+  def ring_size(self, capacity: int, slack: int = 0) -> int:
+    """Slots of a sliding layer's ring: the window plus ``slack`` (at most ``capacity``)."""
+    if not self.config.sliding_window:
+      return capacity
+    return min(self.config.sliding_window + slack, capacity)
 
-  def init_cache(self, batch: int, capacity: int, dtype=None) -> DecodeCache:
-    """An empty cache for ``batch`` rows and up to ``capacity`` token indices (padding included)."""
+  def init_cache(self, batch: int, capacity: int, dtype=None, *, ring_slack: int = 0) -> DecodeCache:
+    """An empty cache for ``batch`` rows and up to ``capacity`` token indices (padding included).
+
+    ``ring_slack``: extra ring slots for sliding layers, needed when up to that many
+    padding indices may sit between tokens still inside the window (a shared prefix
+    followed by left-padded continuations); 0 when padding is only on the left.
+    """
     if self.config.use_bidirectional_attention:
       raise ValueError('bidirectional Gemma models have no causal KV cache')
     cfg = self.config
     dtype = dtype or self.dtype
-    slots = [self.ring_size(capacity) if cfg.is_sliding(i) else capacity
+    slots = [self.ring_size(capacity, ring_slack) if cfg.is_sliding(i) else capacity
              for i in range(cfg.num_layers)]
     k, h = cfg.num_kv_heads, cfg.head_dim
     return DecodeCache(
@@ -719,12 +740,10 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
     positions = jnp.maximum(
         cache.next_position[:, None] + jnp.cumsum(chunk_valid, axis=1, dtype=jnp.int32) - 1, 0)
     chunk_masks = self._chunk_masks(chunk_valid)
-    sizes = {False: cache.capacity, True: self.ring_size(cache.capacity)}
+    sizes = {cfg.is_sliding(i): keys.shape[2] for i, keys in enumerate(cache.keys)}
     if not cache.fresh:
-      q_idx = start + jnp.arange(chunk, dtype=jnp.int32)
-      kinds = {cfg.is_sliding(i) for i in range(cfg.num_layers)}
-      cached_masks = {s: _history_mask(cache.valid, start, sizes[s], q_idx,
-                                       cfg.sliding_window if s else None) for s in kinds}
+      cached_masks = {s: _history_mask(cache.valid, start, sizes[s], positions,
+                                       cfg.sliding_window if s else None) for s in sizes}
     ropes = self._rope_tables(positions)
     keys, values = list(cache.keys), list(cache.values)
     x = self.embed(input_ids)

@@ -46,6 +46,24 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, stop_mask, *, sam
                               sampling=sampling, pad_id=pad_id)
 
 
+@functools.partial(jax.jit, static_argnames=('graphdef', 'capacity', 'ring_slack'))
+def _encode_prefix(graphdef, state, prefix_ids, prefix_mask, *, capacity, ring_slack):
+  model = nnx.merge(graphdef, state)
+  cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=ring_slack)
+  return model.prefill(prefix_ids, prefix_mask, cache)[1]
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'sampling', 'pad_id'),
+                   compiler_options=_LOOP_OPTIONS)
+def _generate_from_prefix(graphdef, state, prefix, input_ids, attention_mask, rng, stop_mask, *,
+                          sampling, pad_id):
+  model = nnx.merge(graphdef, state)
+  first_logits, cache = model.prefill(input_ids, attention_mask, prefix.tile(input_ids.shape[0]))
+  step = lambda tokens, cache, _: model.decode_step(tokens, cache)
+  return generation.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
+                                sampling=sampling, pad_id=pad_id)
+
+
 def left_pad(input_ids: np.ndarray, attention_mask: np.ndarray, length: int,
              pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Adds padding on the left of ``[B, T]`` ids / mask up to ``[B, length]``."""
@@ -97,6 +115,48 @@ def generate(model: GemmaModel, input_ids, attention_mask=None, *,
                    jnp.asarray(stop_mask, bool), sampling=sampling, pad_id=pad_id)
 
 
+def encode_prefix(model: GemmaModel, prefix_ids: Sequence[int], *, max_continuation: int,
+                  max_new_tokens: int, pad_id: int = 0) -> DecodeCache:
+  """Prefills one prompt prefix shared by many prompts into a batch-1 cache.
+
+  Args:
+    model: a :class:`GemmaModel`.
+    prefix_ids: the shared prefix's token ids (BOS included), left-padded here to its bucket.
+    max_continuation: the longest continuation (already bucketed) that
+      :func:`generate_from_prefix` will append; it also sizes the ring slack, since
+      left-padded continuations put up to that many pad indices after the prefix.
+    max_new_tokens: the generation limit that will follow.
+  Returns:
+    the cache, sized ``bucket(len(prefix_ids)) + max_continuation + max_new_tokens``.
+  """
+  length = bucket_length(len(prefix_ids))
+  ids, mask = left_pad(np.asarray([prefix_ids]), np.ones((1, len(prefix_ids)), np.int32), length,
+                       pad_id)
+  graphdef, state = nnx.split(model)
+  return _encode_prefix(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
+                        capacity=length + max_continuation + max_new_tokens,
+                        ring_slack=max_continuation)
+
+
+def generate_from_prefix(model: GemmaModel, prefix: DecodeCache, input_ids, attention_mask, *,
+                         sampling: generation.SamplingConfig, stop_mask, rng: jax.Array,
+                         pad_id: int) -> tuple[jax.Array, jax.Array]:
+  """:func:`generate` for prompts that all start with the prefix encoded in ``prefix``.
+
+  ``input_ids [B, T]`` / ``attention_mask [B, T]`` are the rest of each prompt,
+  left-padded (``T`` at most the ``max_continuation`` the prefix was encoded for).
+  The batch-1 prefix cache is tiled to ``B`` rows inside the jitted call, the
+  continuations prefilled on it, then the same decode loop as :func:`generate` runs.
+  Token for token this is :func:`generate` on the full prompts: RoPE positions
+  count real tokens only and sliding windows are measured in positions, so the
+  padding between prefix and continuation changes nothing.
+  """
+  graphdef, state = nnx.split(model)
+  return _generate_from_prefix(graphdef, state, prefix, jnp.asarray(input_ids, jnp.int32),
+                               jnp.asarray(attention_mask, jnp.int32), rng,
+                               jnp.asarray(stop_mask, bool), sampling=sampling, pad_id=pad_id)
+
+
 @functools.partial(jax.jit, static_argnames=('graphdef', 'return_hidden'), donate_argnames=('cache',))
 def _prefill(graphdef, state, input_ids, attention_mask, cache, *, return_hidden):
   model = nnx.merge(graphdef, state)
@@ -127,4 +187,5 @@ def copy_cache(cache: DecodeCache) -> DecodeCache:
   return jax.tree.map(jnp.copy, cache)
 
 
-__all__ = ['copy_cache', 'decode_step', 'eos_stop_mask', 'generate', 'left_pad', 'prefill']
+__all__ = ['copy_cache', 'decode_step', 'encode_prefix', 'eos_stop_mask', 'generate',
+           'generate_from_prefix', 'left_pad', 'prefill']

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from recomp_jax.data.buckets import bucket_length
 
 StepFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
 
@@ -141,23 +144,49 @@ def generate_texts(generate_batch: Callable[[np.ndarray, np.ndarray, jax.Array],
                    padding_side: str | None = None) -> list[str]:
   """Prompt strings -> texts, for any model's ``generate_batch(ids, mask, rng) -> (tokens, lengths)``.
 
-  Prompts run in batches of ``batch_size`` (a short last batch is filled with
-  repeats of its last prompt, so one compiled batch size serves all), each batch
-  with its own split of ``jax.random.key(seed)``; texts are cut at the first
-  stop string. ``padding_side`` None keeps the tokenizer's default.
+  Prompts are tokenised per batch with padding (``padding_side`` None keeps the
+  tokenizer's default); batching and cutting are :func:`generate_in_batches`.
   """
   pad_kwargs = {} if padding_side is None else {'padding_side': padding_side}
+
+  def encode(batch):
+    enc = tokenizer(batch, padding=True, return_tensors='np', **pad_kwargs)
+    return enc['input_ids'], enc['attention_mask']
+
+  return generate_in_batches(generate_batch, encode, tokenizer, list(prompts),
+                             batch_size=batch_size, stop_strings=stop_strings, seed=seed)
+
+
+def generate_in_batches(generate_batch: Callable[[np.ndarray, np.ndarray, jax.Array], tuple[jax.Array, jax.Array]],
+                        encode: Callable[[list], tuple[np.ndarray, np.ndarray]], tokenizer,
+                        items: Sequence, *, batch_size: int, stop_strings: Sequence[str] = (),
+                        seed: int = 0) -> list[str]:
+  """Runs ``items`` (prompts, or token rows) through ``generate_batch`` in input order.
+
+  Items go in batches of ``batch_size`` (a short last batch is filled with
+  repeats of its last item, so one compiled batch size serves all), ``encode``
+  turns a batch into ``(ids [B, T], mask [B, T])``, each batch gets its own split
+  of ``jax.random.key(seed)``, and texts are cut at the first stop string.
+  """
   rng = jax.random.key(seed)
   texts: list[str] = []
-  for begin in range(0, len(prompts), batch_size):
-    batch = list(prompts[begin:begin + batch_size])
+  for begin in range(0, len(items), batch_size):
+    batch = list(items[begin:begin + batch_size])
     real = len(batch)
     batch += [batch[-1]] * (batch_size - real)
-    enc = tokenizer(batch, padding=True, return_tensors='np', **pad_kwargs)
+    ids, mask = encode(batch)
     rng, sub = jax.random.split(rng)
-    tokens, lengths = jax.device_get(generate_batch(enc['input_ids'], enc['attention_mask'], sub))
+    tokens, lengths = jax.device_get(generate_batch(ids, mask, sub))
     texts += decode_texts(tokenizer, tokens[:real], lengths[:real], stop_strings)
   return texts
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+  """Tokens every row starts with, leaving at least one token of the shortest row."""
+  if not rows:
+    return 0
+  shared = len(os.path.commonprefix([list(r) for r in rows]))
+  return max(0, min(shared, min(len(r) for r in rows) - 1))
 
 
 class TextGenerator:
@@ -204,19 +233,26 @@ class TextGenerator:
 
 
 class GemmaGenerator(TextGenerator):
-  """Gemma: prompt strings -> texts with :func:`recomp_jax.models.gemma_decoding.generate`.
+  """Gemma: prompt strings -> texts with :mod:`recomp_jax.models.gemma_decoding`.
 
   Prompts are tokenised with the tokenizer's defaults (BOS for Gemma),
   left-padded and run in batches of ``batch_size`` (the last batch is padded
   with repeats, so every batch reuses one compilation per length bucket).
+
+  When all prompts of a call start with the same ``min_shared_prefix`` tokens or
+  more (the reader protocol's few-shot block), that prefix is prefilled once and
+  every batch continues it (:func:`~recomp_jax.models.gemma_decoding.generate_from_prefix`);
+  the split is made on the token ids of the whole prompts, so the model reads
+  exactly the tokens of the full path. ``min_shared_prefix=0`` turns this off.
   """
 
   padding_side = 'left'
 
-  def __init__(self, model, tokenizer, *, batch_size: int = 8):
+  def __init__(self, model, tokenizer, *, batch_size: int = 8, min_shared_prefix: int = 32):
     super().__init__(model, tokenizer, batch_size=batch_size)
     pad = tokenizer.pad_token_id
     self.pad_id = int(pad if pad is not None else (model.config.pad_token_id or 0))
+    self.min_shared_prefix = min_shared_prefix
 
   def build_stop_mask(self, stop_strings: tuple[str, ...]) -> np.ndarray:
     eos = [*self.model.config.eos_token_id, self.tokenizer.eos_token_id]
@@ -226,6 +262,49 @@ class GemmaGenerator(TextGenerator):
     from recomp_jax.models.gemma_decoding import generate  # pylint: disable=import-outside-toplevel
     return generate(self.model, input_ids, attention_mask, sampling=sampling, stop_mask=stop_mask,
                     rng=rng, pad_id=self.pad_id)
+
+  def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
+               stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
+               top_p: float = 1.0, seed: int = 0) -> list[str]:
+    kwargs = dict(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
+                  temperature=temperature, top_p=top_p, seed=seed)
+    if self.min_shared_prefix <= 0 or len(prompts) < 2:
+      return super().__call__(prompts, **kwargs)
+    rows = self.tokenizer(list(prompts))['input_ids']
+    shared = common_prefix_length(rows)
+    if shared < self.min_shared_prefix:
+      return super().__call__(prompts, **kwargs)
+    return self.generate_with_prefix(rows[0][:shared], [r[shared:] for r in rows], **kwargs)
+
+  def generate_with_prefix(self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]],
+                           *, max_new_tokens: int = 32, stop_strings: Sequence[str] = ('\n',),
+                           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[str]:
+    """Texts generated after ``prefix_ids + continuation`` for each continuation (token ids)."""
+    from recomp_jax.models import gemma_decoding  # pylint: disable=import-outside-toplevel
+    if not continuations:
+      return []
+    if min(map(len, continuations)) < 1:
+      raise ValueError('every continuation needs at least one token after the shared prefix')
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    longest = bucket_length(max(map(len, continuations)))
+    prefix = gemma_decoding.encode_prefix(self.model, list(prefix_ids), max_continuation=longest,
+                                          max_new_tokens=max_new_tokens, pad_id=self.pad_id)
+    stop_mask = self.stop_mask(stop_strings)
+
+    def encode(batch):
+      length = bucket_length(max(map(len, batch)))
+      ids = np.full((len(batch), length), self.pad_id, np.int32)
+      mask = np.zeros((len(batch), length), np.int32)
+      for i, row in enumerate(batch):
+        ids[i, length - len(row):], mask[i, length - len(row):] = row, 1
+      return ids, mask
+
+    def generate_batch(ids, mask, rng):
+      return gemma_decoding.generate_from_prefix(self.model, prefix, ids, mask, sampling=sampling,
+                                                 stop_mask=stop_mask, rng=rng, pad_id=self.pad_id)
+
+    return generate_in_batches(generate_batch, encode, self.tokenizer, list(continuations),
+                               batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
 
 
 class T5Generator(TextGenerator):
