@@ -42,7 +42,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.data.source = 'demo'
     c.retrieval.corpus_path = ''  # the demo corpus written by the data stage
     use_minilm(c)
-    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (160, 32, 64) if preset == 'demo' else (24, 8, 8)
+    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (128, 32, 48) if preset == 'demo' else (24, 8, 8)
     c.train.batch_size = 16 if preset == 'demo' else 8
     c.train.epochs = 2.0
     c.train.warmup_steps = 5
@@ -50,6 +50,10 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10 if preset == 'demo' else 2
     c.train.log_every = 5
     c.eval.oracle_em_max_candidates = 5  # bounds the EM-oracle generations of the smoke test
+    if preset == 'demo':  # the random-sentence, BoW and NE baselines run in :shared, not here
+      c.eval.rows = ('none', 'top1', 'top5', 'lead', 'bm25_sentence', 'offtheshelf_sentence',
+                     'trained', 'trained_threshold', 'trained_compare', 'oracle_ll', 'oracle_em',
+                     'gold')
   elif preset == 'quickstart':
     c.workdir = 'workdirs/nq_quickstart'
     c.data.source = 'demo'
