@@ -213,14 +213,21 @@ class EvidenceEchoReader:
   def __init__(self):
     self.calls = []
 
-  def exact_match(self, prompt_texts, answers, *, max_new_tokens=None):
+  def answer(self, prompt_texts, *, max_new_tokens=None):
     self.calls.append((len(prompt_texts), max_new_tokens))
     predictions = []
     for p in prompt_texts:
       body = p[len(prompts.FEW_SHOT_PREFIX):]
       evidence = body.split('\n\n')[0] if '\n\n' in body else ''
       predictions.append(evidence.rstrip('.').split()[-1] if evidence else '')
+    return predictions
+
+  def exact_match(self, prompt_texts, answers, *, max_new_tokens=None):
+    predictions = self.answer(prompt_texts, max_new_tokens=max_new_tokens)
     return {'predictions': predictions, **qa_metrics.qa_scores(predictions, answers)}
+
+  def count_tokens(self, text):
+    return len(text.split())
 
 
 class _Holder:
@@ -249,6 +256,21 @@ def test_em_oracle_takes_the_most_likely_correct_candidate_and_resumes(tmp_path)
   calls = len(reader.calls)
   again = pipeline.oracle_em_choices(_Holder(reader), examples, candidates, labels, out)
   assert again == choices and len(reader.calls) == calls  # finished questions are not read again
+
+
+def test_threshold_tuning_answers_each_distinct_prompt_once():
+  examples = [Example('a', 'capital of france', ['Paris']), Example('b', 'x', ['Turin']),
+              Example('c', 'y', ['Bergen'])]
+  candidates = [['T: it is Paris.', 'T: Lyon.'], ['T: Rome.', 'T: Turin.'], ['T: Oslo.']]
+  scores = [np.array([0.9, 0.2]), np.array([0.3, 0.8]), np.array([0.5])]
+  reader = EvidenceEchoReader()
+  tuned = pipeline.tune_threshold(_Holder(reader), examples, candidates, scores, max_sentences=1,
+                                  quantiles=(0.1, 0.5, 0.9))
+  # thresholds 0.56 and 0.8 keep Paris and Turin (EM 66.7), 0.88 only Paris (33.3)
+  assert [round(r['em'], 1) for r in tuned['table']] == [66.7, 66.7, 33.3]
+  assert [round(r['empty_percent'], 1) for r in tuned['table']] == [33.3, 33.3, 66.7]
+  assert tuned['threshold'] == tuned['table'][0]['threshold']  # tie: the first, same tokens
+  assert reader.calls == [(4, None)]  # one call, 4 distinct prompts out of 9
 
 
 def test_em_labels_use_the_configured_generation_limit():

@@ -294,14 +294,12 @@ def test_generation_from_a_shared_prefix_matches_full_prompts(family):
   for i, row in enumerate(full):
     ids[i, len(ids[i]) - len(row):] = row
   expected, expected_lengths = gemma_decoding.generate(model, ids, mask, sampling=sampling, pad_id=0)
-  cache = gemma_decoding.encode_prefix(model, prefix, max_continuation=16,
-                                       max_new_tokens=NEW_TOKENS)
   cont_ids = np.zeros((3, 16), np.int64)
   cont_mask = np.zeros((3, 16), np.int64)
   for i, row in enumerate(continuations):
     cont_ids[i, 16 - len(row):], cont_mask[i, 16 - len(row):] = row, 1
   tokens, lengths = gemma_decoding.generate_from_prefix(
-      model, cache, cont_ids, cont_mask, sampling=sampling, stop_mask=gemma_decoding.eos_stop_mask(model),
+      model, prefix, cont_ids, cont_mask, sampling=sampling, stop_mask=gemma_decoding.eos_stop_mask(model),
       rng=jax.random.key(0), pad_id=0)
   np.testing.assert_array_equal(np.asarray(tokens), np.asarray(expected))
   np.testing.assert_array_equal(np.asarray(lengths), np.asarray(expected_lengths))
@@ -429,3 +427,47 @@ def test_common_prefix_length_leaves_a_token_per_row():
   assert generation.common_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2
   assert generation.common_prefix_length([[7, 2], [1, 2]]) == 0
   assert generation.common_prefix_length([]) == 0
+
+
+def test_row_sampler_greedy_matches_generate_and_rows_ignore_batch_mates(gemma3):
+  """Step-wise serving generation: greedy rows equal :func:`generate`; a sampled row gives the
+  same tokens alone as beside other rows (each row has its own PRNG stream)."""
+  model = load_pretrained(gemma3).model
+  ids, mask = _batch(8, 11, pads=(0, 5, 8))
+  steps, new = 4, 13
+  expected = np.asarray(gemma_decoding.generate(
+      model, ids, mask, sampling=generation.SamplingConfig(max_new_tokens=new),
+      stop_mask=np.zeros(VOCAB, bool), pad_id=0)[0])
+  ids16, mask16 = gemma_decoding.left_pad(ids, mask, 16, 0)
+
+  def run(rows, temperature, top_p, seeds):
+    sampler = gemma_decoding.RowSampler(model, ids16[rows], mask16[rows], seeds=np.array(seeds),
+                                        temperature=np.array(temperature, np.float32),
+                                        top_p=np.array(top_p, np.float32), max_new_tokens=new,
+                                        steps=steps)
+    out = [sampler.start()[:, None]]
+    while sampler.generated < new:
+      out.append(sampler.advance())
+    return np.concatenate(out, axis=1)[:, :new]
+
+  np.testing.assert_array_equal(run([0, 1, 2], [0.0] * 3, [1.0] * 3, [0, 1, 2]), expected)
+  mixed = run([0, 1, 2], [0.0, 1.0, 1.0], [1.0, 0.8, 1.0], [5, 6, 7])
+  np.testing.assert_array_equal(mixed[0], expected[0])
+  alone = run([1], [1.0], [0.8], [6])
+  np.testing.assert_array_equal(mixed[1], alone[0])
+  assert not np.array_equal(mixed[1], expected[1]) or not np.array_equal(mixed[2], expected[2])
+
+
+def test_nucleus_mask_keeps_the_smallest_set_reaching_top_p():
+  rng = np.random.RandomState(0)
+  logits = rng.normal(size=(4, 50)).astype(np.float32) * 3
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1))
+  top_p = np.array([0.5, 0.9, 1.0, 0.01], np.float32)
+  mask = np.asarray(generation.nucleus_mask(jnp.asarray(probs), jnp.asarray(top_p)))
+  for row in range(4):
+    order = np.argsort(-probs[row])
+    before = np.cumsum(probs[row][order]) - probs[row][order]
+    expected = np.zeros(50, bool)
+    expected[order[before < top_p[row]]] = True
+    np.testing.assert_array_equal(mask[row], expected)
+  assert mask[2].all() and mask[3].sum() == 1

@@ -46,19 +46,16 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, stop_mask, *, sam
                               sampling=sampling, pad_id=pad_id)
 
 
-@functools.partial(jax.jit, static_argnames=('graphdef', 'capacity', 'ring_slack'))
-def _encode_prefix(graphdef, state, prefix_ids, prefix_mask, *, capacity, ring_slack):
-  model = nnx.merge(graphdef, state)
-  cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=ring_slack)
-  return model.prefill(prefix_ids, prefix_mask, cache)[1]
-
-
 @functools.partial(jax.jit, static_argnames=('graphdef', 'sampling', 'pad_id'),
                    compiler_options=_LOOP_OPTIONS)
-def _generate_from_prefix(graphdef, state, prefix, input_ids, attention_mask, rng, stop_mask, *,
-                          sampling, pad_id):
+def _generate_from_prefix(graphdef, state, prefix_ids, prefix_mask, input_ids, attention_mask, rng,
+                          stop_mask, *, sampling, pad_id):
   model = nnx.merge(graphdef, state)
-  first_logits, cache = model.prefill(input_ids, attention_mask, prefix.tile(input_ids.shape[0]))
+  batch, chunk = input_ids.shape
+  capacity = prefix_ids.shape[1] + chunk + sampling.max_new_tokens
+  prefix = model.init_cache(1, capacity, ring_slack=chunk)
+  _, prefix = model.prefill(prefix_ids, prefix_mask, prefix)
+  first_logits, cache = model.prefill(input_ids, attention_mask, prefix.tile(batch))
   step = lambda tokens, cache, _: model.decode_step(tokens, cache)
   return generation.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
                                 sampling=sampling, pad_id=pad_id)
@@ -115,46 +112,112 @@ def generate(model: GemmaModel, input_ids, attention_mask=None, *,
                    jnp.asarray(stop_mask, bool), sampling=sampling, pad_id=pad_id)
 
 
-def encode_prefix(model: GemmaModel, prefix_ids: Sequence[int], *, max_continuation: int,
-                  max_new_tokens: int, pad_id: int = 0) -> DecodeCache:
-  """Prefills one prompt prefix shared by many prompts into a batch-1 cache.
+def generate_from_prefix(model: GemmaModel, prefix_ids: Sequence[int], input_ids, attention_mask, *,
+                         sampling: generation.SamplingConfig, stop_mask, rng: jax.Array,
+                         pad_id: int) -> tuple[jax.Array, jax.Array]:
+  """:func:`generate` for prompts that all start with ``prefix_ids``, prefilled once.
 
   Args:
-    model: a :class:`GemmaModel`.
-    prefix_ids: the shared prefix's token ids (BOS included), left-padded here to its bucket.
-    max_continuation: the longest continuation (already bucketed) that
-      :func:`generate_from_prefix` will append; it also sizes the ring slack, since
-      left-padded continuations put up to that many pad indices after the prefix.
-    max_new_tokens: the generation limit that will follow.
-  Returns:
-    the cache, sized ``bucket(len(prefix_ids)) + max_continuation + max_new_tokens``.
+    prefix_ids: the shared prefix's token ids (BOS included); left-padded here to its bucket.
+    input_ids, attention_mask: ``[B, T]`` the rest of each prompt, left-padded (``T`` a bucket).
+
+  Inside one jitted call the prefix is prefilled at batch 1, its cache tiled to ``B``
+  rows, the continuations prefilled on it and the decode loop of :func:`generate` run
+  (one compilation per continuation bucket, as :func:`generate` has one per prompt
+  bucket). Token for token this is :func:`generate` on the full prompts: RoPE positions
+  count real tokens only, sliding windows are measured in positions, and the ring
+  buffers get ``T`` slots of slack for the padding between prefix and continuation.
   """
   length = bucket_length(len(prefix_ids))
   ids, mask = left_pad(np.asarray([prefix_ids]), np.ones((1, len(prefix_ids)), np.int32), length,
                        pad_id)
   graphdef, state = nnx.split(model)
-  return _encode_prefix(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-                        capacity=length + max_continuation + max_new_tokens,
-                        ring_slack=max_continuation)
-
-
-def generate_from_prefix(model: GemmaModel, prefix: DecodeCache, input_ids, attention_mask, *,
-                         sampling: generation.SamplingConfig, stop_mask, rng: jax.Array,
-                         pad_id: int) -> tuple[jax.Array, jax.Array]:
-  """:func:`generate` for prompts that all start with the prefix encoded in ``prefix``.
-
-  ``input_ids [B, T]`` / ``attention_mask [B, T]`` are the rest of each prompt,
-  left-padded (``T`` at most the ``max_continuation`` the prefix was encoded for).
-  The batch-1 prefix cache is tiled to ``B`` rows inside the jitted call, the
-  continuations prefilled on it, then the same decode loop as :func:`generate` runs.
-  Token for token this is :func:`generate` on the full prompts: RoPE positions
-  count real tokens only and sliding windows are measured in positions, so the
-  padding between prefix and continuation changes nothing.
-  """
-  graphdef, state = nnx.split(model)
-  return _generate_from_prefix(graphdef, state, prefix, jnp.asarray(input_ids, jnp.int32),
+  return _generate_from_prefix(graphdef, state, jnp.asarray(ids, jnp.int32),
+                               jnp.asarray(mask, jnp.int32), jnp.asarray(input_ids, jnp.int32),
                                jnp.asarray(attention_mask, jnp.int32), rng,
                                jnp.asarray(stop_mask, bool), sampling=sampling, pad_id=pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'capacity'))
+def _prefill_and_sample(graphdef, state, input_ids, attention_mask, keys, temperature, top_p, *,
+                        capacity):
+  model = nnx.merge(graphdef, state)
+  cache = model.init_cache(input_ids.shape[0], capacity)
+  logits, cache = model.prefill(input_ids, attention_mask, cache)
+  step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
+  return generation.sample_rows(logits, step_keys, temperature, top_p), cache
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'steps'), donate_argnames=('cache',),
+                   compiler_options=_LOOP_OPTIONS)
+def _decode_and_sample(graphdef, state, cache, tokens, first_step, keys, temperature, top_p, *,
+                       steps):
+  model = nnx.merge(graphdef, state)
+
+  def body(i, carry):
+    tokens, cache, out = carry
+    logits, cache = model.decode_step(tokens, cache)
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, first_step + i)
+    tokens = generation.sample_rows(logits, step_keys, temperature, top_p)
+    return tokens, cache, out.at[:, i].set(tokens)
+
+  out = jnp.zeros((tokens.shape[0], steps), jnp.int32)
+  _, cache, out = jax.lax.fori_loop(0, steps, body, (tokens, cache, out))
+  return out, cache
+
+
+class RowSampler:
+  """Step-wise generation with per-row sampling settings, for a server that streams.
+
+  :func:`generate` runs the whole token loop in one call; a server must hand tokens
+  to clients as they come and drop rows whose client left, so here the prompt
+  prefill (:meth:`start`) and each run of ``steps`` decode steps (:meth:`advance`)
+  are separate jitted calls (the cache donated between them), each row with its own
+  temperature, top-p and PRNG stream (``fold_in(key(seed), token index)``: a row's
+  tokens do not depend on its batch-mates). The caller decides when a row is done.
+
+  Args:
+    model: a causal :class:`GemmaModel`.
+    input_ids, attention_mask: ``[B, T]`` left-padded prompts (``T`` a length bucket).
+    seeds: ``[B]`` uint32; temperature, top_p: ``[B]`` float32.
+    max_new_tokens: the most tokens any row will take (sizes the cache).
+    steps: decode steps per :meth:`advance`.
+  """
+
+  def __init__(self, model: GemmaModel, input_ids: np.ndarray, attention_mask: np.ndarray, *,
+               seeds: np.ndarray, temperature: np.ndarray, top_p: np.ndarray,
+               max_new_tokens: int, steps: int = 8):
+    self.graphdef, self.state = nnx.split(model)
+    self.steps = steps
+    self.room = bucket_length(max_new_tokens + steps)  # cache slots for new tokens
+    self.keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+    self.temperature = jnp.asarray(temperature, jnp.float32)
+    self.top_p = jnp.asarray(top_p, jnp.float32)
+    self._ids = jnp.asarray(input_ids, jnp.int32)
+    self._mask = jnp.asarray(attention_mask, jnp.int32)
+    self._cache = None
+    self._last = None
+    self.generated = 0
+
+  def start(self) -> np.ndarray:
+    """Prefills the prompts; returns the first new token of each row ``[B]``."""
+    tokens, self._cache = _prefill_and_sample(self.graphdef, self.state, self._ids, self._mask,
+                                              self.keys, self.temperature, self.top_p,
+                                              capacity=self._ids.shape[1] + self.room)
+    self._last = tokens
+    self.generated = 1
+    return np.asarray(tokens)
+
+  def advance(self) -> np.ndarray:
+    """Runs ``steps`` more decode steps; returns their tokens ``[B, steps]``."""
+    if self.generated - 1 + self.steps > self.room:
+      raise ValueError(f'the cache holds {self.room} new tokens')
+    out, self._cache = _decode_and_sample(self.graphdef, self.state, self._cache, self._last,
+                                          jnp.asarray(self.generated, jnp.int32), self.keys,
+                                          self.temperature, self.top_p, steps=self.steps)
+    self._last = out[:, -1]
+    self.generated += self.steps
+    return np.asarray(out)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'return_hidden'), donate_argnames=('cache',))
@@ -187,5 +250,5 @@ def copy_cache(cache: DecodeCache) -> DecodeCache:
   return jax.tree.map(jnp.copy, cache)
 
 
-__all__ = ['copy_cache', 'decode_step', 'encode_prefix', 'eos_stop_mask', 'generate',
+__all__ = ['RowSampler', 'copy_cache', 'decode_step', 'eos_stop_mask', 'generate',
            'generate_from_prefix', 'left_pad', 'prefill']

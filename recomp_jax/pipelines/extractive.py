@@ -33,6 +33,7 @@ from absl import logging
 from recomp_jax.compressors import extractive
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
+from recomp_jax.evaluation import qa_metrics
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
@@ -418,15 +419,20 @@ def tune_threshold(models: Resources, examples: Sequence[Example], candidates: S
   Returns ``{'threshold', 'table': [{'threshold', 'quantile', 'em', 'tokens', 'empty_percent'}]}``.
   """
   top1 = np.array([float(np.max(s)) for s in scores if len(s)])
+  thresholds = [float(np.quantile(top1, q)) if len(top1) else 0.0 for q in quantiles]
+  evidence = [[above_threshold(c, s, t, max_sentences) if len(c) else ''
+               for c, s in zip(candidates, scores)] for t in thresholds]
+  # Neighbouring thresholds mostly give a question the same evidence: answer each prompt once.
+  prompt_of = lambda e, ev: prompts.build_prompt(e.question, ev)
+  unique = sorted({prompt_of(e, ev) for row in evidence for e, ev in zip(examples, row)})
+  answer = dict(zip(unique, models.reader.answer(unique)))
   table = []
-  for q in quantiles:
-    t = float(np.quantile(top1, q)) if len(top1) else 0.0
-    evidence = [above_threshold(c, s, t, max_sentences) if len(c) else '' for c, s in zip(candidates, scores)]
-    result = models.reader.exact_match([prompts.build_prompt(e.question, ev) for e, ev in zip(examples, evidence)],
-                                       [e.answers for e in examples])
+  for q, t, row in zip(quantiles, thresholds, evidence):
+    predictions = [answer[prompt_of(e, ev)] for e, ev in zip(examples, row)]
+    result = qa_metrics.qa_scores(predictions, [e.answers for e in examples])
     table.append({'threshold': t, 'quantile': q, 'em': result['em'],
-                  'tokens': float(np.mean([models.reader.count_tokens(ev) for ev in evidence])),
-                  'empty_percent': 100.0 * float(np.mean([ev == '' for ev in evidence]))})
+                  'tokens': float(np.mean([models.reader.count_tokens(ev) for ev in row])),
+                  'empty_percent': 100.0 * float(np.mean([ev == '' for ev in row]))})
   best = max(table, key=lambda r: (r['em'], -r['tokens']))
   return {'threshold': best['threshold'], 'table': table}
 
