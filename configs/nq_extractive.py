@@ -42,7 +42,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.data.source = 'demo'
     c.retrieval.corpus_path = ''  # the demo corpus written by the data stage
     use_minilm(c)
-    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (128, 32, 48) if preset == 'demo' else (24, 8, 8)
+    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (96, 24, 40) if preset == 'demo' else (24, 8, 8)
     c.train.batch_size = 16 if preset == 'demo' else 8
     c.train.epochs = 2.0
     c.train.warmup_steps = 5

@@ -208,3 +208,26 @@ def test_gemma_turn_format():
                   '<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n')
   with pytest.raises(chat.ChatFormatError, match=r'messages\[1\]'):
     chat.gemma_turns([{'role': 'user', 'content': 'a'}, {'role': 'system', 'content': 'b'}])
+
+
+def test_teacher_pipeline_against_our_server_caches_every_answer(server, tmp_path, monkeypatch):
+  from recomp_jax import teacher as teacher_lib
+  monkeypatch.setenv(KEY_ENV, KEY)
+  template = teacher_lib.TEACHER_PROMPTS['nq']
+  prompts = [teacher_lib.render_prompt(template, q, 'Paris is the capital of France.')
+             for q in ('what is the capital of france', 'which country has paris as capital')]
+  make = lambda: teacher_lib.Teacher(
+      server[1], base_url=server[0] + '/v1', api_key_env=KEY_ENV, api='completions',
+      cache_path=str(tmp_path / 'teacher.sqlite'),
+      sampling=teacher_lib.Sampling(temperature=0.7, max_tokens=12))
+  first = make()
+  out = first.complete_all(template, prompts, samples=2)
+  assert first.accounting.requests == 4 and first.accounting.completion_tokens > 0
+  texts = [[c.text for c in row] for row in out]
+  assert all(isinstance(t, str) or c.error for row in out for t, c in zip([x.text for x in row], row))
+  batches = httpx.get(server[0] + '/health').json()['batches_run']
+  second = make()
+  again = second.complete_all(template, prompts, samples=2)
+  assert [[c.text for c in row] for row in again] == texts
+  assert httpx.get(server[0] + '/health').json()['batches_run'] == batches  # nothing re-sent
+  assert second.accounting.cached == sum(t is not None for row in texts for t in row)
