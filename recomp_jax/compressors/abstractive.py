@@ -20,6 +20,7 @@ target: that example is dropped and counted.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Sequence
 
@@ -91,7 +92,7 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   em = np.asarray(scored['em_per_example'], np.float64)
   none_em, summary_em = em[:len(questions)], em[len(questions):]
   loglik = np.zeros(len(rows))
-  multi = {i for i in owners if sum(o == i for o in owners) > 1}
+  multi = {i for i, count in collections.Counter(owners).items() if count > 1}
   if multi:  # tie-break between samples by the log-likelihood of the first gold answer
     picked = [k for k, (i, _, _) in enumerate(rows) if i in multi]
     values = reader.loglik(prompts.FEW_SHOT_PREFIX,

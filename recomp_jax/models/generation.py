@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from recomp_jax.data.buckets import bucket_length
+from recomp_jax.data.buckets import bucket_length, pad_rows
 
 StepFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
 
@@ -329,8 +329,15 @@ class GemmaGenerator(TextGenerator):
     shared = common_prefix_length(rows)
     average = sum(map(len, rows)) / len(rows)
     if shared < self.min_shared_prefix or shared < self.min_shared_fraction * average:
-      return super().__call__(prompts, **kwargs)
+      sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+      generate_batch = functools.partial(self.generate_batch, sampling=sampling,
+                                         stop_mask=self.stop_mask(stop_strings))
+      return generate_in_batches(generate_batch, self._left_padded, self.tokenizer, rows,
+                                 batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
     return self.generate_with_prefix(rows[0][:shared], [r[shared:] for r in rows], **kwargs)
+
+  def _left_padded(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    return pad_rows(rows, bucket_length(max(map(len, rows))), self.pad_id, left=True)
 
   def generate_with_prefix(self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]],
                            *, max_new_tokens: int = 32, stop_strings: Sequence[str] = ('\n',),
@@ -344,20 +351,12 @@ class GemmaGenerator(TextGenerator):
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     stop_mask = self.stop_mask(stop_strings)
 
-    def encode(batch):
-      length = bucket_length(max(map(len, batch)))
-      ids = np.full((len(batch), length), self.pad_id, np.int32)
-      mask = np.zeros((len(batch), length), np.int32)
-      for i, row in enumerate(batch):
-        ids[i, length - len(row):], mask[i, length - len(row):] = row, 1
-      return ids, mask
-
     def generate_batch(ids, mask, rng):
       return gemma_decoding.generate_from_prefix(self.model, list(prefix_ids), ids, mask,
                                                  sampling=sampling, stop_mask=stop_mask, rng=rng,
                                                  pad_id=self.pad_id)
 
-    return generate_in_batches(generate_batch, encode, self.tokenizer, list(continuations),
+    return generate_in_batches(generate_batch, self._left_padded, self.tokenizer, list(continuations),
                                batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
 
 

@@ -54,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from recomp_jax import sharding
-from recomp_jax.data.buckets import bucket_length
+from recomp_jax.data.buckets import bucket_length, pad_rows
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 from recomp_jax.models.t5 import T5Model
 
@@ -349,25 +349,12 @@ class Scores:
     raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
 
 
-def _pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, *,
-              left: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """Ragged int rows -> ``ids, mask [len(rows), length]`` padded on the right (or left)."""
-  ids = np.full((len(rows), length), pad_id, np.int32)
-  mask = np.zeros((len(rows), length), np.int32)
-  for i, row in enumerate(rows):
-    n = len(row)
-    span = slice(length - n, length) if left else slice(0, n)
-    ids[i, span] = row
-    mask[i, span] = 1
-  return ids, mask
-
-
 def _targets(targets: Sequence[Sequence[int]], starts: Sequence[int], slots: int
              ) -> dict[str, np.ndarray]:
   """``predict_index / target_ids / target_mask [B, slots]``: target ``k`` of row ``i`` is
   predicted by hidden state ``starts[i] + k``."""
   index = np.zeros((len(targets), slots), np.int32)
-  ids, mask = _pad_rows(targets, slots, 0)
+  ids, mask = pad_rows(targets, slots, 0)
   for i, (target, start) in enumerate(zip(targets, starts)):
     index[i, :len(target)] = start + np.arange(len(target))
   return {'predict_index': index, 'target_ids': ids, 'target_mask': mask}
@@ -507,7 +494,7 @@ class CausalScorer(_Scorer):
       rows = _fill(list(index), self.batch_size)
       contexts = [list(context_ids[i]) for i in rows]
       targets = [list(target_ids[i]) for i in rows]
-      ids, mask = _pad_rows([c + t for c, t in zip(contexts, targets)],
+      ids, mask = pad_rows([c + t for c, t in zip(contexts, targets)],
                             self._length(max(lengths[i] for i in rows)), self.pad_id)
       batch = {'input_ids': ids, 'attention_mask': mask,
                **_targets(targets, [len(c) - 1 for c in contexts],
@@ -555,7 +542,7 @@ class CausalScorer(_Scorer):
     lengths = [len(s) + len(t) for s, t in zip(suffix_ids, target_ids)]
     prefix_len = self._length(len(prefix_ids))
     capacity = prefix_len + self._length(max(lengths))
-    ids, mask = _pad_rows([list(prefix_ids)], prefix_len, self.pad_id, left=True)
+    ids, mask = pad_rows([list(prefix_ids)], prefix_len, self.pad_id, left=True)
     if self.mesh is not None:
       replicated = sharding.replicated(self.mesh)
       ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
@@ -566,7 +553,7 @@ class CausalScorer(_Scorer):
       rows = _fill(list(index), self.batch_size)
       suffixes = [list(suffix_ids[i]) for i in rows]
       targets = [list(target_ids[i]) for i in rows]
-      chunk_ids, chunk_mask = _pad_rows([s + t for s, t in zip(suffixes, targets)],
+      chunk_ids, chunk_mask = pad_rows([s + t for s, t in zip(suffixes, targets)],
                                         self._length(max(lengths[i] for i in rows)), self.pad_id)
       batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
                **_targets(targets, [len(s) for s in suffixes],
@@ -620,9 +607,9 @@ class Seq2SeqScorer(_Scorer):
     results = []
     for index in _batches(lengths, self.batch_size):
       rows = _fill(list(index), self.batch_size)
-      ids, mask = _pad_rows([context_ids[i] for i in rows],
+      ids, mask = pad_rows([context_ids[i] for i in rows],
                             self._length(max(lengths[i] for i in rows)), self.pad_id)
-      labels, label_mask = _pad_rows([label_ids[i] for i in rows],
+      labels, label_mask = pad_rows([label_ids[i] for i in rows],
                                      self._slots(max(len(label_ids[i]) for i in rows)), self.pad_id)
       batch = {'input_ids': ids, 'attention_mask': mask, 'labels': labels, 'label_mask': label_mask}
       out = self._run(_seq2seq_jit, graphdef, state, self._put(batch), vocab_chunk=self.vocab_chunk)

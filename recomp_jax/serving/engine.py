@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
-from recomp_jax.data.buckets import bucket_length
+from recomp_jax.data.buckets import bucket_length, pad_rows
 
 
 class QueueFull(RuntimeError):
@@ -236,12 +236,8 @@ class Engine:
     from recomp_jax.models.gemma_decoding import RowSampler  # pylint: disable=import-outside-toplevel
     rows = _batch_size_bucket(len(jobs), self.max_batch)
     filled = jobs + [jobs[0]] * (rows - len(jobs))
-    length = bucket_length(max(len(j.prompt_ids) for j in jobs))
-    ids = np.full((rows, length), self.pad_id, np.int32)
-    mask = np.zeros((rows, length), np.int32)
-    for i, job in enumerate(filled):
-      ids[i, length - len(job.prompt_ids):] = job.prompt_ids
-      mask[i, length - len(job.prompt_ids):] = 1
+    ids, mask = pad_rows([j.prompt_ids for j in filled],
+                         bucket_length(max(len(j.prompt_ids) for j in jobs)), self.pad_id, left=True)
     sampler = RowSampler(
         self.model, ids, mask, seeds=np.array([j.seed for j in filled], np.uint32),
         temperature=np.array([j.temperature for j in filled], np.float32),
