@@ -64,3 +64,50 @@ def test_critic_qa_targets_samples_and_report():
   assert reader.calls == [('em', 5 + 6), ('ll', 3)]  # one batched EM call; LL only where samples compete
   assert abstractive.table5(targets) == {'n': 5, 'filtered_percent': 40.0,
                                          'empty_percent': 100.0 / 3, 'kept': 3}
+
+
+def test_selective_augmentation_f1_counts_empty_as_the_positive_class():
+  predicted = [True, True, False, False, True]
+  oracle = [True, False, True, False, False]
+  sel = abstractive.selective_augmentation_f1(predicted, oracle)
+  assert sel['precision'] == 1 / 3 and sel['recall'] == 1 / 2
+  assert abs(sel['f1'] - 2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2)) < 1e-12
+  assert sel['oracle_empty_rate'] == 0.4 == sel['random_f1']
+  assert abstractive.selective_augmentation_f1([False] * 3, [False] * 3)['f1'] == 0.0
+
+
+def test_faithfulness_aid_is_the_share_of_content_words_in_the_documents():
+  docs = 'Paris is the capital of France. It has 2 million people.'
+  assert abstractive.faithfulness_aid('The capital is Paris.', docs) == 1.0
+  # content words: capital, berlin (stopwords 'the', 'is' do not count)
+  assert abstractive.faithfulness_aid('The capital is Berlin.', docs) == 0.5
+  assert abstractive.faithfulness_aid('', docs) is None and abstractive.faithfulness_aid('the of', docs) is None
+
+
+def test_oracle_prepends_the_summary_unless_it_does_worse_than_nothing():
+  assert abstractive.oracle_choice(1, 0) and abstractive.oracle_choice(1, 1) and abstractive.oracle_choice(0, 0)
+  assert not abstractive.oracle_choice(0, 1)
+
+
+def test_critic_lm_picks_the_prompt_whose_summary_the_reader_continues_best(gemma3_hf_dir):
+  from recomp_jax.reader.reader import Reader
+  reader = Reader(gemma3_hf_dir, score_batch_size=8)
+  prefixes = ['The Eiffel Tower is located in the city of', 'The largest planet of the Solar System is']
+  continuations = [' Paris, France.', ' Jupiter.']
+  summaries = [
+      ['Bananas are yellow fruit.', 'The Eiffel Tower is a wrought-iron tower in Paris, France.', None],
+      ['Ice cream melts in the sun.', 'A sentence about cooking pasta.'],
+  ]
+  targets = abstractive.critic_lm(reader, prefixes, continuations, summaries)
+  assert targets[0].decision == 'summary' and targets[0].sample == 1
+  assert targets[0].text == summaries[0][1] and targets[0].summary_em > targets[0].none_em
+  for t, samples, prefix, continuation in zip(targets, summaries, prefixes, continuations):
+    # The chosen score is the best summary's, and matches the reader scored directly.
+    direct = reader.loglik('', [f'{s}\n\n{prefix}' for s in samples if s], [continuation] * sum(map(bool, samples)))
+    assert abs(t.summary_em - float(max(direct))) < 1e-3
+    assert (t.decision == 'empty') == (t.summary_em < t.none_em)
+  assert abstractive.critic_lm(reader, prefixes[:1], continuations[:1], [[None]])[0].decision == 'filtered'
+
+
+def test_compressor_prompt_is_the_papers_and_keeps_literal_braces():
+  assert abstractive.compressor_prompt('who {x}?', 'Doc {docs}') == 'Question: who {x}?\n Document: Doc {docs}\n Summary:'

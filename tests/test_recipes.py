@@ -74,7 +74,26 @@ def test_causal_lm_loss_matches_float64_reference_and_ignores_the_prompt():
   assert float(metrics['num_tokens']) == a['loss_mask'].sum() == len('the cat') + 1 + 2 + 1
   # Changing what the prompt positions would predict changes nothing.
   other = dict(a, targets=np.where(a['loss_mask'] > 0, a['targets'], 5).astype(np.int32))
-  assert float(recipes.causal_lm_loss_fn()(model, other, None)[0]) == pytest.approx(float(loss), rel=1e-6)
+  full_head = recipes.causal_lm_loss_fn(head_on_targets_only=False)
+  assert float(full_head(model, other, None)[0]) == pytest.approx(float(loss), rel=1e-6)
+  # The compact targets are exactly the masked ones, in order.
+  for i in range(len(PROMPTS)):
+    positions = a['target_positions'][i][a['target_mask'][i] > 0]
+    np.testing.assert_array_equal(positions, np.flatnonzero(a['loss_mask'][i]))
+    np.testing.assert_array_equal(a['target_ids'][i][:len(positions)], a['targets'][i][positions])
+
+
+def test_head_on_target_positions_only_gives_the_full_heads_gradients():
+  tok = char_tokenizer(VOCAB)
+  model = _gemma()
+  a = recipes.causal_lm_arrays(tok, PROMPTS, TARGETS, max_length=96)
+
+  def grads(loss_fn):
+    return nnx.grad(lambda m: loss_fn(m, a, None)[0])(model)
+
+  compact, full = grads(recipes.causal_lm_loss_fn()), grads(recipes.causal_lm_loss_fn(head_on_targets_only=False))
+  for x, y in zip(jax.tree.leaves(compact), jax.tree.leaves(full)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-4, atol=1e-6)
 
 
 def test_seq2seq_loss_matches_float64_reference():

@@ -3,9 +3,6 @@ real Gemma 3 270M, driven by the real ``openai`` client (and raw HTTP for the er
 
 import concurrent.futures
 import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,46 +14,21 @@ pytest.importorskip('sse_starlette', reason='needs the serve extra')
 
 from recomp_jax.serving import chat  # noqa: E402
 from recomp_jax.serving.engine import StreamingText  # noqa: E402
+from recomp_jax.serving.launch import LocalServer  # noqa: E402
 
 KEY_ENV = 'RECOMP_JAX_TEST_SERVER_KEY'
 KEY = 'test-key-4f1d'
 MAX_QUEUE = 40
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope='module')
 def server(gemma3_hf_dir):
   """``(base_url, model_id)`` of a server process; stopped after the module."""
-  port = _free_port()
-  env = dict(os.environ, **{KEY_ENV: KEY})
-  log = open(os.path.join(os.environ.get('TMPDIR', '/tmp'), f'recomp_serve_{port}.log'), 'w')
-  process = subprocess.Popen(
-      [sys.executable, '-m', 'recomp_jax.serve', f'--model={gemma3_hf_dir}', '--model-id=gemma-test',
-       f'--port={port}', f'--api-key-env={KEY_ENV}', '--max-batch=16', f'--max-queue={MAX_QUEUE}',
-       '--batch-window-ms=50', '--max-new-tokens=1024'],
-      env=env, stdout=log, stderr=subprocess.STDOUT)
-  base = f'http://127.0.0.1:{port}'
-  try:
-    for _ in range(300):
-      if process.poll() is not None:
-        raise RuntimeError(f'server exited with {process.returncode}; see {log.name}')
-      try:
-        if httpx.get(f'{base}/health', timeout=1).status_code == 200:
-          break
-      except httpx.HTTPError:
-        time.sleep(0.5)
-    else:
-      raise RuntimeError(f'server did not start; see {log.name}')
-    yield base, 'gemma-test'
-  finally:
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+  log = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'recomp_serve_test_{os.getpid()}.log')
+  with LocalServer(gemma3_hf_dir, model_id='gemma-test', env={KEY_ENV: KEY}, log_path=log,
+                   args=(f'--api-key-env={KEY_ENV}', '--max-batch=16', f'--max-queue={MAX_QUEUE}',
+                         '--batch-window-ms=50', '--max-new-tokens=1024')) as local:
+    yield local.url, 'gemma-test'
 
 
 def _client(server):

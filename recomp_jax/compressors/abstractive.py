@@ -22,14 +22,29 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
 
-from recomp_jax.data.schema import FilterReport
+from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.reader import prompts
 
 KEEP, EMPTY, FILTERED = 'summary', 'empty', 'filtered'
+
+# The compressor's input (RECOMP §3.2, the T5 compressor's): documents in retrieval order.
+COMPRESSOR_PROMPT = 'Question: {query}\n Document: {docs}\n Summary:'
+
+
+def documents_text(passages: Sequence[Passage]) -> str:
+  """The ``{docs}`` of the teacher and compressor prompts: ``'{title}\n{text}'`` per
+  document, best first, joined by newlines."""
+  return '\n'.join(f'{p.title}\n{p.text}' for p in passages)
+
+
+def compressor_prompt(question: str, docs: str) -> str:
+  """:data:`COMPRESSOR_PROMPT` filled in (the literal braces of the texts stay as they are)."""
+  return COMPRESSOR_PROMPT.replace('{docs}', docs).replace('{query}', question)
 
 
 def qa_decision(summary_em: float, none_em: float) -> str:
@@ -120,6 +135,89 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   return targets
 
 
+def critic_lm(reader, prefixes: Sequence[str], continuations: Sequence[str],
+              summaries: Sequence[Sequence[str | None]]) -> list[Target]:
+  """Fig. 3 over a batch (language modelling): the best summary by the reader's
+  log-likelihood of the gold continuation, or the empty summary when even the best
+  scores below no retrieval.
+
+  Args:
+    reader: a :class:`recomp_jax.reader.Reader`.
+    prefixes: per example, the text the reader continues (the LM input ``x``).
+    continuations: per example, the gold continuation ``y`` that is scored.
+    summaries: per example, one summary per teacher prompt (or sample); None = failed.
+  Returns:
+    one :class:`Target` per example (``summary_em`` / ``none_em`` hold the summed
+    log-likelihoods here); an example whose summaries all failed is ``'filtered'``.
+  """
+  rows = [(i, j, f'{text}\n\n{prefixes[i]}') for i, samples in enumerate(summaries)
+          for j, text in enumerate(samples) if text]
+  texts = list(prefixes) + [r[2] for r in rows]
+  targets_ = list(continuations) + [continuations[i] for i, _, _ in rows]
+  scores = np.asarray(reader.loglik('', texts, targets_), np.float64)
+  none, with_summary = scores[:len(prefixes)], scores[len(prefixes):]
+  best: dict[int, int] = {}
+  for k, (i, _, _) in enumerate(rows):
+    if i not in best or with_summary[k] > with_summary[best[i]]:
+      best[i] = k
+  out = []
+  for i in range(len(prefixes)):
+    if i not in best:
+      out.append(Target(FILTERED, '', -1, float('-inf'), float(none[i])))
+      continue
+    k = best[i]
+    decision = lm_decision(float(with_summary[k]), float(none[i]))
+    out.append(Target(decision, summaries[i][rows[k][1]] if decision == KEEP else '', rows[k][1],
+                      float(with_summary[k]), float(none[i])))
+  return out
+
+
+def oracle_choice(summary_em: float, none_em: float) -> bool:
+  """A.5's oracle: prepend the teacher summary (True) or nothing (False), chosen with the
+  gold answer by the critic's rule (the summary unless it does worse than nothing)."""
+  return summary_em >= none_em
+
+
+def selective_augmentation_f1(predicted_empty: Sequence[bool], oracle_empty: Sequence[bool]) -> dict:
+  """A.5.2: selective augmentation as binary classification, "empty" the positive class.
+
+  Returns ``{'f1', 'precision', 'recall', 'oracle_empty_rate', 'random_f1'}``;
+  ``random_f1`` is the expected F1 of outputting empty at random at the oracle's rate
+  (precision and recall both equal that rate).
+  """
+  p = np.asarray(predicted_empty, bool)
+  o = np.asarray(oracle_empty, bool)
+  tp = float(np.sum(p & o))
+  precision = tp / p.sum() if p.sum() else 0.0
+  recall = tp / o.sum() if o.sum() else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  rate = float(o.mean()) if len(o) else 0.0
+  return {'f1': f1, 'precision': precision, 'recall': recall, 'oracle_empty_rate': rate,
+          'random_f1': rate}
+
+
+STOPWORDS = frozenset("""a an and are as at be been but by can did do does for from had has have he her
+his how i if in into is it its may more most no not of on or our she so such than that the their them
+then there these they this those to was we were what when where which while who whom whose why will
+with would you your also about after all any because before between both during each few other over
+same some only own under until up very""".split())
+
+
+def content_words(text: str) -> list[str]:
+  """Lower-cased word tokens of ``text`` that are not stopwords (numbers count as words)."""
+  return [w for w in re.findall(r"[\w']+", text.lower()) if w not in STOPWORDS]
+
+
+def faithfulness_aid(summary: str, documents: str) -> float | None:
+  """Share of the summary's content words that occur in the documents (None for an empty
+  summary): a cheap flag for hallucinated content, not a faithfulness judgement."""
+  words = content_words(summary)
+  if not words:
+    return None
+  vocabulary = set(content_words(documents))
+  return sum(w in vocabulary for w in words) / len(words)
+
+
 def table5(targets: Sequence[Target]) -> dict:
   """RECOMP Table 5's columns: % of examples filtered and % of kept targets that are empty."""
   n = len(targets)
@@ -129,4 +227,6 @@ def table5(targets: Sequence[Target]) -> dict:
           'kept': len(kept)}
 
 
-__all__ = ['EMPTY', 'FILTERED', 'KEEP', 'Target', 'critic_qa', 'lm_decision', 'qa_decision', 'table5']
+__all__ = ['COMPRESSOR_PROMPT', 'EMPTY', 'FILTERED', 'KEEP', 'STOPWORDS', 'Target', 'compressor_prompt',
+           'content_words', 'critic_lm', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
+           'oracle_choice', 'qa_decision', 'selective_augmentation_f1', 'table5']

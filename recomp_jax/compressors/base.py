@@ -107,6 +107,11 @@ class System(abc.ABC):
     """Questions the compressor was trained on (0 if the run trains nothing)."""
     return 0
 
+  def extra_tables(self, ctx: Context, records: dict[str, dict]) -> list[dict]:
+    """Tables ``{title, header, rows}`` beyond the rows table, from the evaluated ``records``
+    (row id -> its record of :func:`recomp_jax.evaluation.rows.evaluate_rows`)."""
+    return []
+
   def notes(self, config, summaries: dict) -> list[str]:
     """Sentences for the results file (dev-side choices, what was tuned where)."""
     return []

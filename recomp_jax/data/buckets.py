@@ -10,6 +10,8 @@ import numpy as np
 
 LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                   6144, 8192)
+# Lengths of short target spans (answers, summaries): powers of two.
+TARGET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def bucket_length(length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:

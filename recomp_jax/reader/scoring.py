@@ -54,14 +54,13 @@ import numpy as np
 from flax import nnx
 
 from recomp_jax import sharding
-from recomp_jax.data.buckets import bucket_length, pad_rows
+from recomp_jax.data.buckets import TARGET_BUCKETS, bucket_length, pad_rows
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 from recomp_jax.models.t5 import T5Model
 
 # Sequence-length buckets (<= 12.5% padding above 256 tokens) and target-length buckets.
 LENGTH_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512, 576, 640, 768,
                   896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
-TARGET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_VOCAB_CHUNK = 16384
 
 

@@ -7,6 +7,9 @@ Every recipe turns strings into fixed-shape numpy arrays for :func:`recomp_jax.t
   decoder-only model (Gemma) reads ``BOS prompt target EOS``; the loss is the cross-entropy
   of the target tokens and EOS only, the prompt is context. This is how the offline
   seq2seq compressors (RECOMP abstractive, FILCO filter and generator) train Gemma 3 270M.
+  By default the output head runs only at the ``A`` positions that predict target tokens
+  (``target_positions``), not at all ``L``: a compressor's prompt (~650 tokens of documents)
+  is ~10x its summary, and Gemma 3's head (262k x 640) is most of its FLOPs per token.
 * **Seq2seq SFT** (:func:`seq2seq_arrays`, :func:`seq2seq_loss_fn`): T5 reads the prompt
   with its encoder; the decoder is teacher-forced on ``target EOS`` after the start token.
 
@@ -22,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
-from recomp_jax.data.buckets import bucket_length
+from recomp_jax.data.buckets import TARGET_BUCKETS, bucket_length
 from recomp_jax.training import losses
 
 
@@ -66,7 +70,10 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
   Returns:
     ``input_ids [N, L]`` int32, ``attention_mask [N, L]`` int32, ``targets [N, L]`` int32
     (the next token at every position) and ``loss_mask [N, L]`` float32: 1 where the next
-    token belongs to the target (or is EOS), 0 on the prompt and padding.
+    token belongs to the target (or is EOS), 0 on the prompt and padding. The same targets
+    compactly: ``target_positions [N, A]`` int32 (the positions predicting them, in order),
+    ``target_ids [N, A]`` int32 and ``target_mask [N, A]`` float32, with ``A`` the longest
+    target + EOS rounded up to a target bucket.
   """
   if len(prompt_texts) != len(targets):
     raise ValueError(f'{len(prompt_texts)} prompts for {len(targets)} targets')
@@ -104,19 +111,39 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
     next_ids[i, :len(row) - 1] = row[1:]
     # Position t predicts row[t + 1]: the target tokens are predicted from positions start-1 ...
     loss_mask[i, max(start - 1, 0):len(row) - 1] = 1.0
+  spans = [(max(start - 1, 0), len(row) - 1) for row, start in zip(rows, starts)]
+  width = bucket_length(max((b - a for a, b in spans), default=1), TARGET_BUCKETS)
+  target_positions = np.zeros((n, width), np.int32)
+  target_ids = np.full((n, width), pad, np.int32)
+  target_mask = np.zeros((n, width), np.float32)
+  for i, (a, b) in enumerate(spans):
+    target_positions[i, :b - a] = np.arange(a, b)
+    target_ids[i, :b - a] = next_ids[i, a:b]
+    target_mask[i, :b - a] = 1.0
   return {'input_ids': input_ids, 'attention_mask': attention_mask, 'targets': next_ids,
-          'loss_mask': loss_mask}
+          'loss_mask': loss_mask, 'target_positions': target_positions, 'target_ids': target_ids,
+          'target_mask': target_mask}
 
 
-def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mean'):
+def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mean',
+                      head_on_targets_only: bool = True):
   """``(model, batch, rng) -> (loss, metrics)`` of :func:`causal_lm_arrays` batches.
 
-  ``model(input_ids, attention_mask) -> [B, L, V]`` logits (a Gemma); the loss is
-  :func:`recomp_jax.training.losses.seq2seq_loss` over the ``loss_mask`` positions.
+  The loss is :func:`recomp_jax.training.losses.seq2seq_loss` over the target tokens.
+  With ``head_on_targets_only`` (a model with ``hidden_states`` and ``logits``, i.e. a
+  :class:`~recomp_jax.models.gemma.GemmaModel`) the hidden states ``[B, L, D]`` are
+  gathered at ``target_positions`` to ``[B, A, D]`` before the output head, so logits are
+  ``[B, A, V]``; otherwise ``model(input_ids, attention_mask) -> [B, L, V]`` and the
+  ``loss_mask`` positions count. Both give the same loss.
   """
 
   def loss_fn(model, batch, rng):
     del rng  # no dropout in the decoder-only recipe
+    if head_on_targets_only:
+      hidden = model.hidden_states(batch['input_ids'], batch['attention_mask'])  # [B, L, D]
+      picked = jnp.take_along_axis(hidden, batch['target_positions'][..., None], axis=1)  # [B, A, D]
+      return losses.seq2seq_loss(model.logits(picked), batch['target_ids'], batch['target_mask'],
+                                 label_smoothing=label_smoothing, reduction=reduction)
     logits = model(batch['input_ids'], batch['attention_mask'])  # [B, L, V]
     return losses.seq2seq_loss(logits, batch['targets'], batch['loss_mask'],
                                label_smoothing=label_smoothing, reduction=reduction)

@@ -1,0 +1,646 @@
+"""RECOMP abstractive on the shared runner: teacher -> critic -> train stages and the summary rows.
+
+The method (the critic's rules, the compressor's prompt, selective augmentation, the
+faithfulness aid) is :mod:`recomp_jax.compressors.abstractive`; the teacher client is
+:mod:`recomp_jax.teacher`; this module wires them into cached stages after the shared head:
+
+* ``teacher``: Table 14's prompt per question of every split (train and dev become
+  training targets, test gives the zero-shot teacher row and the A.5 oracle), sent to any
+  OpenAI-compatible endpoint (``teacher.base_url``) or, with none configured, to our own
+  server (``python -m recomp_jax.serve``) started on 127.0.0.1 for the stage's duration.
+  Responses are cached in ``{workdir}/teacher_cache.sqlite``: a killed stage loses nothing
+  and a rerun (even with changed code) pays for nothing already answered;
+* ``critic``: Fig. 7 over the train and dev summaries with the run's reader (Table 5's
+  % filtered and % empty); resumable per chunk of questions;
+* ``train_seed<s>``: the compressor fine-tuned on the critic's targets (Gemma: the prompt
+  masked out of the loss; T5: seq2seq), the checkpoint with the lowest dev loss exported;
+* rows: no retrieval, top-1, top-5, the teacher's summaries (zero-shot), the trained
+  compressor per seed, a trained extractive compressor (``eval.extractive_encoder``) and
+  the A.5 oracle (the teacher summary or nothing, chosen with the gold answer).
+
+An empty compressor output means nothing is prepended: the reader sees the no-retrieval
+prompt (selective augmentation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Sequence
+
+import numpy as np
+from absl import logging
+
+from recomp_jax import sharding
+from recomp_jax.compressors import abstractive
+from recomp_jax.compressors.base import Context, System
+from recomp_jax.data.schema import Example, FilterReport
+from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.rows import Row
+from recomp_jax.pipelines import shared
+from recomp_jax.pipelines.stages import ResumableJsonl, batched
+from recomp_jax.pretrained.demo import resolve_demo_model
+
+TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
+CRITIC_CODE = shared.READER_CODE + ('recomp_jax.compressors.abstractive',)
+TRAIN_CODE = ('recomp_jax.compressors.abstractive', 'recomp_jax.training', 'recomp_jax.models',
+              'recomp_jax.pretrained', 'recomp_jax.sharding')
+
+ROW_KEYS = ('none', 'top1', 'top5', 'teacher', 'trained', 'extractive', 'oracle')
+ROW_NAMES = {
+    'teacher': 'teacher summaries, zero-shot (same prompt)',
+    'trained': 'RECOMP abstractive, trained compressor',
+    'extractive': 'RECOMP extractive, trained encoder top sentence(s)',
+    'oracle': 'oracle: teacher summary or nothing, chosen with the gold answer (A.5)',
+}
+SPLITS = ('train', 'dev', 'test')
+
+
+def wanted_rows(config) -> list[str]:
+  """Row keys to evaluate: ``config.eval.rows`` ('all' or keys), minus what the run lacks."""
+  requested = tuple(config.eval.rows)
+  unknown = [r for r in requested if r != 'all' and r not in ROW_KEYS]
+  if unknown:
+    raise shared.PipelineError(f'config.eval.rows: unknown row keys {unknown}; known: all, {", ".join(ROW_KEYS)}')
+  keys = list(ROW_KEYS) if 'all' in requested else [k for k in ROW_KEYS if k in requested]
+  if not shared.trains(config):
+    keys = [k for k in keys if k != 'trained']
+  if not config.eval.extractive_encoder:
+    keys = [k for k in keys if k != 'extractive']
+  return keys
+
+
+# ----------------------------------------------------------------------------- teacher
+
+
+def teacher_template(config) -> str:
+  """The teacher prompt: ``teacher.prompt`` or Table 14's for ``config.dataset``."""
+  from recomp_jax.teacher import TEACHER_PROMPTS  # pylint: disable=import-outside-toplevel
+  if config.teacher.prompt:
+    return config.teacher.prompt
+  if config.dataset not in TEACHER_PROMPTS:
+    raise shared.PipelineError(f'no Table 14 prompt for dataset {config.dataset!r}; set teacher.prompt')
+  return TEACHER_PROMPTS[config.dataset]
+
+
+def answer_sentences(example: Example, top_docs: int, limit: int = 2) -> list[str]:
+  """Up to ``limit`` sentences of the top documents that contain a gold answer (best document first)."""
+  from recomp_jax.data.sentences import split_sentences  # pylint: disable=import-outside-toplevel
+  from recomp_jax.evaluation.qa_metrics import has_answer  # pylint: disable=import-outside-toplevel
+  out = []
+  for passage in example.ctxs[:top_docs]:
+    for sentence in split_sentences(passage.text):
+      if has_answer(sentence, example.answers):
+        out.append(sentence)
+        if len(out) == limit:
+          return out
+  return out
+
+
+def few_shot_block(template: str, train: Sequence[Example], k: int, *, seed: int,
+                   demo_docs: int = 2) -> tuple[str, list[str]]:
+  """``k`` demonstrations for a base-model teacher, from the training split only.
+
+  A demonstration is the teacher prompt over a training question's top ``demo_docs``
+  documents followed by a silver summary: the (up to two) sentences of those documents
+  that contain a gold answer. Questions are visited in a seeded order and those without
+  such a sentence are skipped. Returns ``(text to prepend, the demonstration ids)``.
+  """
+  from recomp_jax.teacher import render_prompt  # pylint: disable=import-outside-toplevel
+  if k <= 0:
+    return '', []
+  order = np.random.default_rng(seed).permutation(len(train))
+  parts, ids = [], []
+  for j in order:
+    e = train[int(j)]
+    sentences = answer_sentences(e, demo_docs)
+    if not sentences:
+      continue
+    docs = abstractive.documents_text(e.ctxs[:demo_docs])
+    parts.append(f"{render_prompt(template, e.question, docs)} {' '.join(sentences)}\n\n")
+    ids.append(e.id)
+    if len(ids) == k:
+      break
+  return ''.join(parts), ids
+
+
+def _teacher_sampling(config):
+  from recomp_jax.teacher import Sampling  # pylint: disable=import-outside-toplevel
+  t = config.teacher
+  return Sampling(temperature=t.temperature, top_p=t.top_p, max_tokens=t.max_tokens,
+                  stop=tuple(t.stop), seed=t.seed)
+
+
+def stage_teacher(config, ctx: Context, directory: str) -> dict:
+  """Teacher summaries (``teacher.samples`` per question) of every split -> ``{split}.jsonl``.
+
+  Each record is ``{'id', 'samples': [text or null], 'errors': [kind or null]}``; a failed
+  request (error, refusal, empty completion) is a null sample, counted in the summary.
+  """
+  from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel
+  from recomp_jax.teacher import ResponseCache, Teacher, render_prompt  # pylint: disable=import-outside-toplevel
+  t = config.teacher
+  template = teacher_template(config)
+  splits = {s: ctx.examples(s) for s in SPLITS}
+  prefix, demo_ids = few_shot_block(template, splits['train'], t.few_shot, seed=config.seed)
+  k = config.candidates.top_docs
+  prompts_by_split = {s: [prefix + render_prompt(template, e.question, abstractive.documents_text(e.ctxs[:k]))
+                          for e in examples] for s, examples in splits.items()}
+  local = not t.base_url
+  model_name = t.model if not local else _local_model_id(t.model)
+  sampling = _teacher_sampling(config)
+  cache_path = os.path.join(ctx.runner.workdir, 'teacher_cache.sqlite')
+  cache = ResponseCache(cache_path)
+  missing = sum(cache.get(ResponseCache.key(model_name, template, p, sampling, s)) is None
+                for ps in prompts_by_split.values() for p in ps for s in range(t.samples))
+  server = None
+  if local and missing:
+    server = LocalServer(t.model, model_id=model_name,
+                         args=(f'--max-batch={t.server_max_batch}', f'--max-queue={max(64, 4 * t.concurrency)}',
+                               '--batch-window-ms=50'),
+                         log_path=os.path.join(directory, 'server.log')).start()
+  try:
+    base_url = server.base_url if server else (t.base_url or 'http://127.0.0.1:1/v1')
+    prices = (t.price_input_per_million or None, t.price_output_per_million or None)
+    teacher = Teacher(model_name, base_url=base_url, api_key_env='' if local else t.api_key_env,
+                      cache_path=cache_path, api=t.api, sampling=sampling, concurrency=t.concurrency,
+                      max_retries=t.max_retries, timeout_s=t.timeout_s, prices=prices)
+    summary = {'model': model_name, 'local_server': local, 'api': t.api, 'template': template,
+               'few_shot_ids': demo_ids, 'uncached_at_start': int(missing), 'splits': {}}
+    for split, examples in splits.items():
+      completions = teacher.complete_all(template, prompts_by_split[split], samples=t.samples,
+                                         desc=f'teacher {split}')
+      failures: dict[str, int] = {}
+      with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
+        for e, samples in zip(examples, completions):
+          for c in samples:
+            if c.text is None:
+              kind = (c.error or 'unknown').split(':')[0]
+              failures[kind] = failures.get(kind, 0) + 1
+          f.write(json.dumps({'id': e.id, 'samples': [c.text for c in samples],
+                              'errors': [c.error for c in samples]}, ensure_ascii=False) + '\n')
+      summary['splits'][split] = {'questions': len(examples), 'requests': len(examples) * t.samples,
+                                  'failed': sum(failures.values()), 'failures': failures}
+    summary['accounting'] = teacher.report()
+  finally:
+    if server is not None:
+      server.stop()
+  return summary
+
+
+def _local_model_id(model: str) -> str:
+  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
+  return default_model_id(resolve_demo_model(model, 'reader'))
+
+
+def load_teacher(directory: str, split: str) -> dict[str, list[str | None]]:
+  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
+    return {r['id']: r['samples'] for r in map(json.loads, f)}
+
+
+# ----------------------------------------------------------------------------- critic
+
+
+def critic_split(reader, examples: Sequence[Example], samples: dict[str, list[str | None]], out_path: str,
+                 report: FilterReport, *, chunk: int = 64) -> dict[str, dict]:
+  """Fig. 7 targets for ``examples`` appended to ``out_path`` (resumes where it stopped)."""
+  out = ResumableJsonl(out_path)
+  todo = [e for e in examples if e.id not in out]
+  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+  with tqdm(total=len(todo), desc=f'critic {os.path.basename(out_path)}', dynamic_ncols=True,
+            disable=not todo) as bar:
+    for part in batched(todo, chunk):
+      targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
+                                      [samples[e.id] for e in part], ids=[e.id for e in part],
+                                      report=FilterReport('chunk'))
+      for e, target in zip(part, targets):
+        out.append({'id': e.id, 'decision': target.decision, 'text': target.text, 'sample': target.sample,
+                    'summary_em': target.summary_em, 'none_em': target.none_em,
+                    'teacher_failed': target.sample < 0})
+      bar.update(len(part))
+  out.close()
+  records = {e.id: out.records[e.id] for e in examples}
+  for e in examples:  # the report covers resumed records too
+    r = records[e.id]
+    if r['decision'] == abstractive.FILTERED:
+      report.drop('teacher_failed' if r['teacher_failed'] else 'both_wrong', e.id)
+    else:
+      report.keep()
+  return records
+
+
+def _targets(records: dict[str, dict]) -> list[abstractive.Target]:
+  return [abstractive.Target(r['decision'], r['text'], r['sample'], r['summary_em'], r['none_em'])
+          for r in records.values()]
+
+
+def stage_critic(config, ctx: Context, teacher_dir: str, directory: str) -> dict:
+  summary = {}
+  for split in ('train', 'dev'):
+    report = FilterReport(f'critic/{split}')
+    records = critic_split(ctx.resources.reader, ctx.examples(split), load_teacher(teacher_dir, split),
+                           os.path.join(directory, f'{split}.jsonl'), report)
+    report.save(os.path.join(directory, f'{split}_report.json'))
+    summary[split] = {**abstractive.table5(_targets(records)), 'report': report.to_dict()}
+    logging.info('critic %s: %s', split, summary[split])
+  return summary
+
+
+def load_critic(directory: str, split: str) -> dict[str, dict]:
+  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
+    return {r['id']: r for r in map(json.loads, f)}
+
+
+# ----------------------------------------------------------------------------- compressor
+
+
+def fit_documents(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
+  """The compressor prompt of ``question`` over ``passages`` in at most ``budget`` tokens.
+
+  When too long, the documents text loses its end (the question, at the start, is kept).
+  Returns ``(prompt, truncated)``; the same cut is made in training and at inference.
+  """
+  docs = abstractive.documents_text(passages)
+  prompt = abstractive.compressor_prompt(question, docs)
+  ids = tokenizer(prompt, add_special_tokens=False)['input_ids']
+  if len(ids) <= budget:
+    return prompt, False
+  doc_ids = tokenizer(docs, add_special_tokens=False)['input_ids']
+  keep = max(len(doc_ids) - (len(ids) - budget) - 8, 0)  # a little slack for merges at the cut
+  while True:
+    prompt = abstractive.compressor_prompt(question, tokenizer.decode(doc_ids[:keep]))
+    if len(tokenizer(prompt, add_special_tokens=False)['input_ids']) <= budget or keep == 0:
+      return prompt, True
+    keep = max(keep - 16, 0)
+
+
+def _is_seq2seq(model) -> bool:
+  from recomp_jax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
+  return isinstance(model, T5Model)
+
+
+def compressor_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
+                      max_source_length: int, max_target_length: int, report) -> dict[str, np.ndarray]:
+  """Training arrays for the compressor (seq2seq for T5, prompt-masked causal LM for Gemma)."""
+  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
+  if _is_seq2seq(model):
+    start = model.config.decoder_start_token_id
+    return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
+                                  max_target_length=max_target_length,
+                                  decoder_start_id=0 if start is None else int(start), report=report)
+  return recipes.causal_lm_arrays(tokenizer, prompts, targets,
+                                  max_length=max_source_length + max_target_length, report=report)
+
+
+def compressor_loss_fn(model):
+  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
+  return recipes.seq2seq_loss_fn() if _is_seq2seq(model) else recipes.causal_lm_loss_fn()
+
+
+def train_compressor(config, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
+                     *, seed: int, directory: str, export) -> tuple[dict, object]:
+  """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
+
+  The best checkpoint is the one with the lowest dev loss (token mean), evaluated every
+  ``train.eval_every`` steps and at the end. ``model``'s arrays are donated to the
+  training step: use the returned model. Returns ``(summary, trained model)``.
+  """
+  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
+  from recomp_jax.training.recipes import TruncationReport  # pylint: disable=import-outside-toplevel
+  t, c = config.train, config.compressor
+  report = TruncationReport()
+  arrays = compressor_arrays(model, tokenizer, [p for p, _ in train], [y for _, y in train],
+                             max_source_length=c.max_source_length, max_target_length=c.max_target_length,
+                             report=report)
+  dev_report = TruncationReport()
+  dev_arrays = compressor_arrays(model, tokenizer, [p for p, _ in dev], [y for _, y in dev],
+                                 max_source_length=c.max_source_length,
+                                 max_target_length=c.max_target_length, report=dev_report)
+  batch_size = min(t.batch_size, len(train))
+  steps_per_epoch = max(len(train) // batch_size, 1)
+  num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
+  loss_fn = compressor_loss_fn(model)
+  dev_batch = min(batch_size, len(dev))
+  mesh = sharding.mesh_from_config(config)
+  dev_loss = train_lib.make_loss_evaluator(
+      loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
+  best_file = os.path.join(directory, 'best.json')
+  best = json.load(open(best_file)) if os.path.exists(best_file) else None
+
+  def eval_fn(trained, step):
+    nonlocal best
+    metrics = dev_loss(trained, step)
+    if best is None or metrics['loss'] < best['metrics']['loss']:
+      best = {'step': step, 'metrics': metrics}
+      export(trained)
+      with open(best_file, 'w') as f:
+        json.dump(best, f)
+    return metrics
+
+  train_config = {
+      'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every, 'eval_every': t.eval_every,
+      'checkpoint_every': t.checkpoint_every, 'keep_checkpoints': 1, 'best_metric': 'eval/loss',
+      'best_mode': 'min', 'progress_bar': True, 'mesh': config.mesh.to_dict(),
+      'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
+                    'schedule': t.schedule, 'weight_decay': t.weight_decay,
+                    'clip_grad_norm': t.clip_grad_norm},
+  }
+  result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
+                           eval_fn if dev else None, workdir=directory, mesh=mesh)
+  if result.preempted:
+    raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
+  summary = {'examples': len(train), 'dev_examples': len(dev), 'steps': num_steps, 'batch_size': batch_size,
+             'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
+             'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
+             'final_metrics': result.metrics}
+  return summary, result.state.model()
+
+
+def compressor_pairs(tokenizer, examples: Sequence[Example], critic: dict[str, dict], *, top_docs: int,
+                     budget: int) -> tuple[list[tuple[str, str]], int]:
+  """``(prompt, target)`` per kept example (an empty target for ``'empty'``) and the number of
+  prompts whose documents were cut to ``budget`` tokens."""
+  pairs, cut = [], 0
+  for e in examples:
+    r = critic.get(e.id)
+    if r is None or r['decision'] == abstractive.FILTERED:
+      continue
+    prompt, truncated = fit_documents(tokenizer, e.question, e.ctxs[:top_docs], budget)
+    cut += truncated
+    pairs.append((prompt, r['text'] if r['decision'] == abstractive.KEEP else ''))
+  return pairs, cut
+
+
+def stage_train(config, ctx: Context, critic_dir: str, seed: int, directory: str) -> dict:
+  """Fine-tunes ``compressor.model`` on the critic's train targets; exports the best to ``compressor_best``."""
+  from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained  # pylint: disable=import-outside-toplevel
+  c = config.compressor
+  source = resolve_demo_model(c.model, 'reader')
+  pretrained = load_pretrained(source)
+  tokenizer = pretrained.tokenizer()
+  model = pretrained.model
+  if hasattr(model, 'set_layer_execution'):
+    model.set_layer_execution(scan_layers=c.scan_layers, remat=c.remat)
+  pairs = {}
+  cut = {}
+  for split in ('train', 'dev'):
+    pairs[split], cut[split] = compressor_pairs(tokenizer, ctx.examples(split), load_critic(critic_dir, split),
+                                                top_docs=config.candidates.top_docs, budget=c.max_source_length)
+  if not pairs['train']:
+    raise shared.PipelineError(f'the critic kept no training example (see {critic_dir}/train_report.json)')
+  best_dir = os.path.join(directory, 'compressor_best')
+
+  def export(trained):
+    export_pretrained(Pretrained(trained, pretrained.config, pretrained.family, pretrained.source_dir),
+                      best_dir, tokenizer_dir=pretrained.source_dir)
+
+  summary, trained = train_compressor(config, model, tokenizer, pairs['train'], pairs['dev'], seed=seed,
+                                      directory=directory, export=export)
+  if not os.path.exists(os.path.join(best_dir, 'config.json')):  # no dev set: the final model
+    export(trained)
+  empty = sum(not y for _, y in pairs['train'])
+  return {**summary, 'documents_cut': cut, 'empty_targets': empty, 'source': source}
+
+
+class Compressor:
+  """A trained abstractive compressor at inference: question + documents -> summary ('' = nothing).
+
+  Greedy decoding up to ``max_new_tokens``; generation ends at EOS (an immediate EOS is the
+  empty summary of selective augmentation).
+  """
+
+  def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8):
+    from recomp_jax.models import generation  # pylint: disable=import-outside-toplevel
+    cls = generation.T5Generator if _is_seq2seq(model) else generation.GemmaGenerator
+    self.tokenizer = tokenizer
+    self.generator = cls(model, tokenizer, batch_size=batch_size)
+    self.max_source_length = max_source_length
+    self.max_new_tokens = max_new_tokens
+
+  @classmethod
+  def load(cls, directory: str, **kwargs) -> 'Compressor':
+    from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
+    pretrained = load_pretrained(directory)
+    return cls(pretrained.model, pretrained.tokenizer(), **kwargs)
+
+  def compress(self, questions: Sequence[str], passages: Sequence[Sequence]) -> list[str]:
+    prompts = [fit_documents(self.tokenizer, q, p, self.max_source_length)[0]
+               for q, p in zip(questions, passages)]
+    texts = self.generator(prompts, max_new_tokens=self.max_new_tokens, stop_strings=())
+    return [t.strip() for t in texts]
+
+
+def compress_split(compressor: Compressor, examples: Sequence[Example], top_docs: int, out_path: str,
+                   *, chunk: int = 32) -> dict[str, str]:
+  """The compressor's summary of every example, appended to ``out_path`` (resumable)."""
+  out = ResumableJsonl(out_path)
+  todo = [e for e in examples if e.id not in out]
+  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+  with tqdm(total=len(todo), desc='compress', dynamic_ncols=True, disable=not todo) as bar:
+    for part in batched(todo, chunk):
+      for e, text in zip(part, compressor.compress([e.question for e in part], [e.ctxs[:top_docs] for e in part])):
+        out.append({'id': e.id, 'summary': text})
+      bar.update(len(part))
+  out.close()
+  return {e.id: out.records[e.id]['summary'] for e in examples}
+
+
+# ----------------------------------------------------------------------------- the system
+
+
+class AbstractiveSystem(System):
+  """RECOMP's abstractive compressor (teacher summaries -> critic -> fine-tuned LM) on the runner."""
+
+  name = 'abstractive'
+  row_keys = ROW_KEYS
+  code = ('recomp_jax.compressors', 'recomp_jax.pipelines.abstractive')
+
+  def validate(self, config) -> None:
+    wanted_rows(config)
+    if config.teacher.api not in ('chat', 'completions'):
+      raise shared.PipelineError(f"teacher.api must be 'chat' or 'completions', got {config.teacher.api!r}")
+    if config.teacher.samples < 1:
+      raise shared.PipelineError('teacher.samples must be at least 1')
+    teacher_template(config)
+
+  def _teacher_inputs(self, config) -> dict:
+    t = config.to_dict()['teacher']
+    inputs = {k: v for k, v in t.items() if k not in ('concurrency', 'max_retries', 'timeout_s',
+                                                      'server_max_batch', 'api_key_env')}
+    if not config.teacher.base_url:
+      inputs['served_weights'] = shared.model_fingerprint(config.teacher.model, 'reader')
+    inputs['template'] = teacher_template(config)
+    inputs['top_docs'] = config.candidates.top_docs
+    return inputs
+
+  def stages(self, ctx: Context) -> tuple[str, ...]:
+    from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
+    config, runner = ctx.config, ctx.runner
+    self.train_dirs: dict[int, str] = {}
+    teacher_inputs = self._teacher_inputs(config)
+    ctx.summaries['teacher'] = runner.run('teacher', teacher_inputs,
+                                          lambda d: stage_teacher(config, ctx, d),
+                                          deps=('retrieve',), code=TEACHER_CODE)
+    if not shared.trains(config):
+      return ('teacher',)
+    teacher_dir = ctx.stage_dir('teacher')
+    ctx.summaries['critic'] = runner.run('critic', reader_inputs(config),
+                                         lambda d: stage_critic(config, ctx, teacher_dir, d),
+                                         deps=('teacher',), code=CRITIC_CODE, resumable=True)
+    cfg = config.to_dict()
+    train_fields = {k: cfg['train'][k] for k in ('epochs', 'num_steps', 'batch_size', 'learning_rate',
+                                                  'warmup_steps', 'schedule', 'weight_decay',
+                                                  'clip_grad_norm', 'eval_every')}
+    compressor_fields = {**{k: v for k, v in cfg['compressor'].items()
+                            if k not in ('max_new_tokens', 'generate_batch_size')},
+                         'weights': shared.model_fingerprint(config.compressor.model, 'reader')}
+    names = []
+    for seed in config.train.seeds:
+      name = f'train_seed{seed}'
+      self.train_dirs[seed] = ctx.stage_dir(name)
+      ctx.summaries[name] = runner.run(
+          name, {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed,
+                 'top_docs': config.candidates.top_docs},
+          lambda d, seed=seed: stage_train(config, ctx, ctx.stage_dir('critic'), seed, d),
+          deps=('critic',), code=TRAIN_CODE, resumable=True)
+      names.append(name)
+    return ('teacher', 'critic') + tuple(names)
+
+  def evaluation_inputs(self, ctx: Context) -> dict:
+    c = ctx.config.compressor
+    inputs = {'compressor_generation': {'max_new_tokens': c.max_new_tokens,
+                                        'max_source_length': c.max_source_length}}
+    if ctx.config.eval.extractive_encoder:
+      inputs['extractive_encoder'] = shared.model_fingerprint(ctx.config.eval.extractive_encoder, 'encoder')
+      inputs['encoder'] = ctx.config.to_dict()['encoder']
+    return inputs
+
+  def rows(self, ctx: Context, examples: Sequence[Example], directory: str) -> list[Row]:
+    config, models = ctx.config, ctx.resources
+    keys = wanted_rows(config)
+    k = config.candidates.top_docs
+    teacher = load_teacher(ctx.stage_dir('teacher'), 'test')
+    first = {e.id: next((s for s in teacher[e.id] if s), None) for e in examples}
+    self._documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in examples}
+    self._oracle_empty = None
+    plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
+            for key in keys if key in rows_lib.SHARED_ROW_KEYS]
+    if 'teacher' in keys:
+      plan.append(Row('teacher', 'teacher', lambda: [first[e.id] or '' for e in examples]))
+    if 'trained' in keys:
+      c = config.compressor
+      for seed, d in sorted(getattr(self, 'train_dirs', {}).items()):
+        def evidence(d=d, seed=seed):
+          compressor = Compressor.load(os.path.join(d, 'compressor_best'), max_source_length=c.max_source_length,
+                                       max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size)
+          return [compress_split(compressor, examples, k,
+                                 os.path.join(directory, f'compressed_seed{seed}.jsonl'))[e.id] for e in examples]
+        plan.append(Row(f'trained@{seed}', 'trained', evidence))
+    if 'extractive' in keys:
+      def extractive_evidence():
+        from recomp_jax.compressors import extractive  # pylint: disable=import-outside-toplevel
+        candidates = ctx.candidates('test')
+        cands = [candidates[e.id] for e in examples]
+        encoder = models.encoder(config.eval.extractive_encoder)
+        scores = extractive.rank_candidates(encoder, [e.question for e in examples], cands)
+        return [extractive.top_k_evidence(c, s, config.eval.top_k_sentences) if c else ''
+                for c, s in zip(cands, scores)]
+      plan.append(Row('extractive', 'extractive', extractive_evidence))
+    if 'oracle' in keys or 'trained' in keys or 'teacher' in keys:
+      oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
+      self._oracle_empty = {i: not r['use_summary'] for i, r in oracle.items()}
+      if 'oracle' in keys:
+        plan.append(Row('oracle', 'oracle', lambda: [oracle[e.id]['summary'] if oracle[e.id]['use_summary']
+                                                   else '' for e in examples]))
+    return plan
+
+  @staticmethod
+  def _oracle(reader, examples: Sequence[Example], teacher: dict, path: str) -> dict[str, dict]:
+    """A.5's oracle per test question (gold answers used: this row is an upper bound)."""
+    out = ResumableJsonl(path)
+    todo = [e for e in examples if e.id not in out]
+    for part in batched(todo, 64):
+      targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
+                                      [teacher[e.id] for e in part], ids=[e.id for e in part])
+      for e, target in zip(part, targets):
+        summary = teacher[e.id][target.sample] if target.sample >= 0 else ''
+        use = bool(summary) and abstractive.oracle_choice(target.summary_em, target.none_em)
+        out.append({'id': e.id, 'summary': summary, 'use_summary': use,
+                    'summary_em': target.summary_em, 'none_em': target.none_em})
+    out.close()
+    return {e.id: out.records[e.id] for e in examples}
+
+  def row_name(self, key: str, config) -> str:
+    return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]
+
+  def trained_questions(self, ctx: Context) -> int:
+    critic = ctx.summaries.get('critic', {}).get('train', {})
+    return int(critic.get('kept', 0))
+
+  def extra_tables(self, ctx: Context, records: dict[str, dict]) -> list[dict]:
+    """% empty, selective-augmentation F1 against the oracle and the faithfulness aid per row."""
+    documents = getattr(self, '_documents', None)
+    if documents is None:
+      examples = ctx.examples('test')
+      k = ctx.config.candidates.top_docs
+      documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in examples}
+    oracle_path = os.path.join(ctx.stage_dir('evaluate'), 'oracle.jsonl')
+    oracle_empty = getattr(self, '_oracle_empty', None)
+    if oracle_empty is None and os.path.exists(oracle_path):
+      with open(oracle_path, encoding='utf-8') as f:
+        oracle_empty = {r['id']: not r['use_summary'] for r in map(json.loads, f)}
+    table_rows = []
+    for row_id in sorted(records, key=lambda r: (ROW_KEYS.index(r.split('@')[0]) if r.split('@')[0] in ROW_KEYS
+                                                 else 99, r)):
+      r = records[row_id]
+      ids, evidence = r['ids'], r['evidence']
+      empty = [not (ev or '') for ev in evidence]
+      cells = [row_id, f'{100.0 * float(np.mean(empty)):.1f}']
+      if oracle_empty is not None and row_id.split('@')[0] in ('teacher', 'trained', 'oracle'):
+        sel = abstractive.selective_augmentation_f1(empty, [oracle_empty[i] for i in ids])
+        cells += [f"{sel['f1']:.2f}", f"{sel['random_f1']:.2f}"]
+      else:
+        cells += ['-', '-']
+      faith = [abstractive.faithfulness_aid(ev, documents[i]) for i, ev in zip(ids, evidence) if ev]
+      faith = [x for x in faith if x is not None]
+      cells.append(f'{100.0 * float(np.mean(faith)):.1f}' if faith and row_id.split('@')[0] in
+                   ('teacher', 'trained', 'oracle') else '-')
+      table_rows.append(cells)
+    return [{'title': 'Abstractive columns (test): empty evidence, selective augmentation against the '
+                      'A.5 oracle ("empty" the positive class; random = empty at the oracle rate), and '
+                      'the share of summary content words found in the top documents',
+             'header': ['row', '% empty', 'selective-augmentation F1', 'random F1', 'content words in documents (%)'],
+             'rows': table_rows}]
+
+  def notes(self, config, summaries: dict) -> list[str]:
+    notes = []
+    teacher = summaries.get('teacher', {})
+    if teacher:
+      where = 'our own server (python -m recomp_jax.serve) on 127.0.0.1' if teacher.get('local_server') else 'the configured endpoint'
+      notes.append(f"Teacher: {teacher.get('model')} via {where}, {teacher.get('api')} API, "
+                   f"temperature {config.teacher.temperature}, top-p {config.teacher.top_p}, "
+                   f"{config.teacher.samples} sample(s) per question; few-shot demonstrations from the training "
+                   f"split: {len(teacher.get('few_shot_ids', []))} ({', '.join(teacher.get('few_shot_ids', [])) or 'none'}).")
+      failed = {s: v['failed'] for s, v in teacher.get('splits', {}).items()}
+      notes.append(f'Teacher requests that failed (never used as targets), per split: {failed}.')
+    critic = summaries.get('critic', {})
+    if critic:
+      notes.append('Critic (Table 5): ' + '; '.join(
+          f"{s}: {v['filtered_percent']:.0f}% filtered, {v['empty_percent']:.0f}% of kept targets empty ({v['kept']} kept)"
+          for s, v in critic.items()) + '.')
+    return notes
+
+  def results_fields(self, config, summaries: dict) -> dict:
+    out = {}
+    if 'critic' in summaries:
+      out['table5'] = {s: {k: v[k] for k in ('n', 'kept', 'filtered_percent', 'empty_percent')}
+                       for s, v in summaries['critic'].items()}
+    if 'teacher' in summaries:
+      out['teacher'] = summaries['teacher'].get('accounting', {})
+    return out
+
+
+__all__ = ['AbstractiveSystem', 'Compressor', 'ROW_KEYS', 'compress_split', 'compressor_pairs', 'critic_split',
+           'few_shot_block', 'fit_documents', 'stage_critic', 'stage_teacher', 'stage_train', 'train_compressor',
+           'wanted_rows']

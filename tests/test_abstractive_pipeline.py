@@ -1,0 +1,153 @@
+"""RECOMP abstractive end to end: our server as the teacher, the critic with the real Gemma 3
+270M reader, the compressor fine-tuned (Gemma 3 270M, then a tiny random T5 through the
+same stages), the rows and the abstractive columns; plus the pieces on their own."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+pytest.importorskip('openai')
+pytest.importorskip('fastapi', reason='needs the serve extra')
+
+from recomp_jax.data.schema import Example, Passage  # noqa: E402
+from recomp_jax.evaluation import report  # noqa: E402
+from recomp_jax.models import t5  # noqa: E402
+from recomp_jax.pipelines import abstractive as pipeline  # noqa: E402
+from recomp_jax.pipelines import runner as pipeline_runner  # noqa: E402
+from recomp_jax.pretrained import Pretrained, export_pretrained  # noqa: E402
+from tests.tiny_models import char_tokenizer  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch):
+  monkeypatch.syspath_prepend(REPO)
+
+
+def _tiny_t5(vocab=128):
+  config = t5.T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                       num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                       feed_forward_proj='gated-gelu', tie_word_embeddings=False, scale_decoder_outputs=False,
+                       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+  return config, t5.T5Model(config, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope='module')
+def tiny_t5_dir(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('t5') / 'tiny_t5')
+  config, model = _tiny_t5()
+  export_pretrained(Pretrained(model, config, t5.FAMILY, ''), directory, tokenizer_dir=None)
+  char_tokenizer(128, seq2seq=True).save_pretrained(directory)
+  return directory
+
+
+def _config(workdir, **overrides):
+  from configs.nq_abstractive import get_config
+  config = get_config('ci')
+  config.workdir = str(workdir)
+  config.reader.generate_batch_size = 8
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_path, tiny_t5_dir):
+  workdir = tmp_path / 'run'
+  config = _config(workdir)
+  results = pipeline_runner.run(config, config.workdir)
+  report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
+  rows = {r['key']: r for r in results['rows']}
+  assert set(rows) == {'none', 'top1', 'top5', 'teacher', 'trained', 'oracle'}
+  assert all(r['n'] == 8 for r in rows.values()) and rows['none']['tokens'] == 0
+  assert 0 < rows['teacher']['tokens'] <= 24 + 1  # teacher.max_tokens (reader tokens may differ by one)
+  # The teacher: one request per question of every split, all answered by our server.
+  teacher = results['stages']['teacher']
+  assert teacher['local_server'] and teacher['uncached_at_start'] == 16 + 8 + 8
+  assert results['teacher']['requests'] == 32 and results['teacher']['ok'] + sum(results['teacher']['failures'].values()) == 32
+  # Table 5 agrees with the critic's records, and targets are never a failed request.
+  critic = [json.loads(line) for line in open(workdir / 'stages' / 'critic' / 'train.jsonl')]
+  kept = [r for r in critic if r['decision'] != 'filtered']
+  assert results['table5']['train']['kept'] == len(kept) == results['train_questions'] > 0
+  assert results['table5']['train']['filtered_percent'] == pytest.approx(100 * (16 - len(kept)) / 16)
+  for r in kept:
+    assert (r['text'] == '') == (r['decision'] == 'empty') and not r['teacher_failed']
+    assert r['summary_em'] >= r['none_em'] if r['decision'] == 'summary' else r['summary_em'] < r['none_em']
+  train = results['stages']['train_seed0']
+  assert train['steps'] == 2 and train['examples'] == len(kept) and train['best'] is not None
+  assert os.path.exists(workdir / 'stages' / 'train_seed0' / 'compressor_best' / 'config.json')
+  # The oracle row prepends a teacher summary exactly where the oracle file says so.
+  oracle = {json.loads(line)['id']: json.loads(line) for line in open(workdir / 'stages' / 'evaluate' / 'oracle.jsonl')}
+  predictions = [json.loads(line) for line in open(workdir / 'predictions.jsonl')]
+  for p in predictions:
+    if p['row'] == 'oracle':
+      assert p['evidence'] == (oracle[p['id']]['summary'] if oracle[p['id']]['use_summary'] else '')
+  (columns,) = [t for t in results['extra_tables'] if t['title'].startswith('Abstractive columns')]
+  by_row = {r[0]: r for r in columns['rows']}
+  assert by_row['none'][1] == '100.0' and by_row['top5'][1] == '0.0' and by_row['teacher'][2] != '-'
+  assert any('Critic (Table 5)' in n for n in results['notes'])
+  # A rerun is cached end to end: no server is started, nothing is recomputed.
+  again = pipeline_runner.run(config, config.workdir)
+  assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']
+
+  # The paper's seq2seq compressor (a tiny random T5 here) on the same teacher and critic stages.
+  t5_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 3})
+  t5_results = pipeline_runner.run(t5_config, t5_config.workdir)
+  assert t5_results['stage_seconds']['teacher'] == 0 and t5_results['stage_seconds']['critic'] == 0
+  assert t5_results['stages']['train_seed0']['steps'] == 3
+  best = os.path.join(t5_config.workdir, 'stages', 'train_seed0', 'compressor_best')
+  assert json.load(open(os.path.join(best, 'config.json')))['model_type'] == 't5'
+  t5_rows = {r['key']: r for r in t5_results['rows']}
+  assert t5_rows['trained']['n'] == 8 and t5_rows['teacher'] == rows['teacher']
+
+
+@pytest.mark.parametrize('kind', ['t5', 'gemma'])
+def test_empty_targets_train_the_compressor_to_say_nothing(tmp_path, kind):
+  """Selective augmentation: trained on empty targets only, the compressor ends at once."""
+  from tests.test_recipes import _gemma
+  if kind == 't5':
+    tokenizer, (_, model) = char_tokenizer(128, seq2seq=True), _tiny_t5()
+  else:
+    tokenizer, model = char_tokenizer(128), _gemma()
+  config = _config(tmp_path, **{'train.num_steps': 30, 'train.batch_size': 4, 'train.learning_rate': 1e-2,
+                                'train.warmup_steps': 1, 'train.eval_every': 10, 'train.checkpoint_every': 0,
+                                'compressor.max_source_length': 96, 'compressor.max_target_length': 16})
+  pairs = [(f'Question: q{i}?\n Document: doc {i}\n Summary:', '') for i in range(8)]
+  exported = []
+  summary, model = pipeline.train_compressor(config, model, tokenizer, pairs, pairs[:4], seed=0,
+                                             directory=str(tmp_path / 'train'), export=lambda m: exported.append(1))
+  assert summary['steps'] == 30 and exported and summary['best']['metrics']['loss'] < 0.1
+  compressor = pipeline.Compressor(model, tokenizer, max_source_length=96, max_new_tokens=8, batch_size=4)
+  docs = [[Passage(id='1', title='T', text='some text')]] * 3
+  assert compressor.compress(['a?', 'b?', 'c?'], docs) == ['', '', '']
+
+
+def test_fit_documents_cuts_the_documents_not_the_question():
+  tokenizer = char_tokenizer(128)
+  passages = [Passage(id=str(i), title=f'T{i}', text='word ' * 40) for i in range(3)]
+  prompt, cut = pipeline.fit_documents(tokenizer, 'who wrote it?', passages, 120)
+  assert cut and prompt.startswith('Question: who wrote it?\n Document: T0\n') and prompt.endswith('\n Summary:')
+  assert len(tokenizer(prompt, add_special_tokens=False)['input_ids']) <= 120
+  short, cut = pipeline.fit_documents(tokenizer, 'q?', passages[:1], 1000)
+  assert not cut and short == 'Question: q?\n Document: T0\n' + 'word ' * 40 + '\n Summary:'
+
+
+def test_few_shot_demonstrations_come_from_training_questions_with_an_answer_sentence():
+  def example(i, answer_in_docs):
+    text = f'The answer is Alpha{i}. Other words.' if answer_in_docs else 'Nothing useful here.'
+    return Example(id=f'q{i}', question=f'question {i}?', answers=[f'Alpha{i}'],
+                   ctxs=[Passage(id=f'p{i}', title=f'Doc{i}', text=text)])
+  train = [example(i, i % 2 == 0) for i in range(6)]
+  block, ids = pipeline.few_shot_block('Q: {query} D: {docs} S:', train, 2, seed=0)
+  assert len(ids) == 2 and all(int(i[1:]) % 2 == 0 for i in ids)
+  for i in ids:
+    assert f'Q: question {i[1:]}? D: Doc{i[1:]}\nThe answer is Alpha{i[1:]}. Other words. S: The answer is Alpha{i[1:]}.\n\n' in block
+  assert pipeline.few_shot_block('{query}{docs}', train, 0, seed=0) == ('', [])
