@@ -60,13 +60,13 @@ class UserError(Exception):
 
 
 class _HideLibraryNoise(std_logging.Filter):
-  """Drops INFO records of Orbax and JAX's backend probing (warnings and errors pass)."""
+  """Drops INFO records of Orbax, httpx and JAX's backend probing (warnings and errors pass)."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     if record.levelno >= std_logging.WARNING:
       return True
-    if 'Unable to initialize backend' in record.getMessage():
-      return False
+    if 'Unable to initialize backend' in record.getMessage() or record.name.startswith('httpx'):
+      return False  # JAX's backend probes; one line per teacher request
     return not any(s in record.pathname for s in _NOISY_SOURCES)
 
 
