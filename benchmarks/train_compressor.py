@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks.common import machine_line, print_table, timeit
+from common import machine_line, print_table, timeit  # noqa: E402
+import numpy as np  # noqa: E402
 import jax  # noqa: E402  (after common: the allocator relaunch comes first)
 import torch  # noqa: E402
 
@@ -116,6 +119,9 @@ def main():
   args = parser.parse_args()
   batch, prompt_words, repeats = (2, 200, 1) if args.quick else (args.batch, args.prompt, args.repeats)
   source = resolve_demo_model('', 'reader')
+  if source.endswith('.gguf'):  # both sides read the converted HF directory
+    from recomp_jax.pretrained.gguf import convert_to_hf_dir
+    source = convert_to_hf_dir(source)
   pretrained = load_pretrained(source)
   tokenizer = pretrained.tokenizer()
   del pretrained
