@@ -79,11 +79,7 @@ def row_name(key: str, k: int = 1, objective: str = 'contrastive', compare: str 
 
 def wanted_rows(config) -> list[str]:
   """Row keys to evaluate: ``config.eval.rows`` ('all' or keys), minus what the run lacks."""
-  requested = tuple(config.eval.rows)
-  unknown = [r for r in requested if r != 'all' and r not in ROW_KEYS]
-  if unknown:
-    raise shared.PipelineError(f'config.eval.rows: unknown row keys {unknown}; known: all, {", ".join(ROW_KEYS)}')
-  keys = list(ROW_KEYS) if 'all' in requested else [k for k in ROW_KEYS if k in requested]
+  keys = shared.requested_rows(config, ROW_KEYS)
   if not shared.trains(config):
     keys = [k for k in keys if k not in _TRAINED_ROWS]
   if not config.eval.threshold:

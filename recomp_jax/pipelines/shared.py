@@ -51,6 +51,15 @@ def trains(config) -> bool:
   return config.train.epochs > 0 or config.train.num_steps > 0
 
 
+def requested_rows(config, row_keys) -> list[str]:
+  """``config.eval.rows`` ('all' or keys) as row keys in ``row_keys`` order; unknown keys are an error."""
+  requested = tuple(config.eval.rows)
+  unknown = [r for r in requested if r != 'all' and r not in row_keys]
+  if unknown:
+    raise PipelineError(f'config.eval.rows: unknown row keys {unknown}; known: all, {", ".join(row_keys)}')
+  return list(row_keys) if 'all' in requested else [k for k in row_keys if k in requested]
+
+
 class Resources:
   """The models a run shares across stages: the reader and each encoder, loaded once on first use."""
 
