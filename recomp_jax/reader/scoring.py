@@ -58,7 +58,7 @@ from recomp_jax.data.buckets import TARGET_BUCKETS, bucket_length, pad_rows
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 from recomp_jax.models.t5 import T5Model
 
-# Sequence-length buckets (<= 12.5% padding above 256 tokens) and target-length buckets.
+# Sequence-length buckets (<= 12.5% padding above 256 tokens); targets use data.buckets.TARGET_BUCKETS.
 LENGTH_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512, 576, 640, 768,
                   896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
 DEFAULT_VOCAB_CHUNK = 16384
