@@ -75,6 +75,13 @@ class Completion:
   error: str | None = None
   cached: bool = False
 
+  @property
+  def failure_kind(self) -> str | None:
+    """The error's kind without its detail (``'gave_up_after_retries'``); None if it succeeded."""
+    if self.text is not None:
+      return None
+    return self.error.split(':')[0] if self.error else 'unknown'
+
 
 class ResponseCache:
   """Teacher answers in sqlite, one row per (model, template, prompt, sampling, sample index).
@@ -268,7 +275,7 @@ class Teacher:
         a.prompt_tokens += completion.prompt_tokens
         a.completion_tokens += completion.completion_tokens
       if completion.text is None:
-        kind = completion.error.split(':')[0] if completion.error else 'unknown'
+        kind = completion.failure_kind
         a.failures[kind] = a.failures.get(kind, 0) + 1
       else:
         a.ok += 1

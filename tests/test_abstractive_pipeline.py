@@ -51,12 +51,7 @@ def _config(workdir, **overrides):
   config = get_config('ci')
   config.workdir = str(workdir)
   config.reader.generate_batch_size = 8
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 

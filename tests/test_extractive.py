@@ -147,12 +147,7 @@ def tiny_config(workdir, tiny_models, **overrides):
   config.reader.generate_batch_size = 4
   config.reader.max_new_tokens = 4
   config.workdir = str(workdir)
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 

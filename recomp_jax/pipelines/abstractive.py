@@ -171,9 +171,8 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
       with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
         for e, samples in zip(examples, completions):
           for c in samples:
-            if c.text is None:
-              kind = (c.error or 'unknown').split(':')[0]
-              failures[kind] = failures.get(kind, 0) + 1
+            if c.failure_kind:
+              failures[c.failure_kind] = failures.get(c.failure_kind, 0) + 1
           f.write(json.dumps({'id': e.id, 'samples': [c.text for c in samples],
                               'errors': [c.error for c in samples]}, ensure_ascii=False) + '\n')
       summary['splits'][split] = {'questions': len(examples), 'requests': len(examples) * t.samples,
@@ -524,8 +523,6 @@ class AbstractiveSystem(System):
     k = config.candidates.top_docs
     teacher = load_teacher(ctx.stage_dir('teacher'), 'test')
     first = {e.id: next((s for s in teacher[e.id] if s), None) for e in examples}
-    self._documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in examples}
-    self._oracle_empty = None
     plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
             for key in keys if key in rows_lib.SHARED_ROW_KEYS]
     if 'teacher' in keys:
@@ -551,7 +548,6 @@ class AbstractiveSystem(System):
       plan.append(Row('extractive', 'extractive', extractive_evidence))
     if 'oracle' in keys or 'trained' in keys or 'teacher' in keys:
       oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
-      self._oracle_empty = {i: not r['use_summary'] for i, r in oracle.items()}
       if 'oracle' in keys:
         plan.append(Row('oracle', 'oracle', lambda: [oracle[e.id]['summary'] if oracle[e.id]['use_summary']
                                                    else '' for e in examples]))
@@ -582,14 +578,11 @@ class AbstractiveSystem(System):
 
   def extra_tables(self, ctx: Context, records: dict[str, dict]) -> list[dict]:
     """% empty, selective-augmentation F1 against the oracle and the faithfulness aid per row."""
-    documents = getattr(self, '_documents', None)
-    if documents is None:
-      examples = ctx.examples('test')
-      k = ctx.config.candidates.top_docs
-      documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in examples}
-    oracle_path = os.path.join(ctx.stage_dir('evaluate'), 'oracle.jsonl')
-    oracle_empty = getattr(self, '_oracle_empty', None)
-    if oracle_empty is None and os.path.exists(oracle_path):
+    k = ctx.config.candidates.top_docs
+    documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in ctx.examples('test')}
+    oracle_path = os.path.join(ctx.stage_dir('evaluate'), 'oracle.jsonl')  # written by rows()
+    oracle_empty = None
+    if os.path.exists(oracle_path):
       with open(oracle_path, encoding='utf-8') as f:
         oracle_empty = {r['id']: not r['use_summary'] for r in map(json.loads, f)}
     table_rows = []
