@@ -31,6 +31,8 @@ from typing import Callable, Sequence
 
 from absl import logging
 
+from recomp_jax.reader import prompts
+
 # Table 14 of the RECOMP appendix. The PDF wraps the NQ/TQA/HotpotQA prompts over lines;
 # they are one line here, with single spaces where the PDF breaks. Wikitext's "\n" are the
 # paper's own.
@@ -52,7 +54,7 @@ REFUSAL_PREFIXES = ("i'm sorry", 'i am sorry', "i can't", 'i cannot', 'as an ai'
 
 def render_prompt(template: str, query: str, docs: str) -> str:
   """Fills ``{query}`` and ``{docs}`` (literal braces elsewhere in the texts stay as they are)."""
-  return template.replace('{docs}', docs).replace('{query}', query)
+  return prompts.fill(template, docs=docs, query=query)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,4 +56,4 @@ def test_bad_data_row_exits_2_naming_file_and_line(tmp_path):
 def test_unknown_system_exits_2_listing_the_systems(tmp_path):
   out = _main('--config=configs/nq_extractive.py:quickstart', '--config.system=nope', f'--workdir={tmp_path}')
   assert out.returncode == 2
-  assert "config.system='nope' is not one of ['abstractive', 'extractive']" in out.stderr and 'Traceback' not in out.stderr
+  assert "config.system='nope' is not one of ['abstractive', 'extractive', 'filco']" in out.stderr and 'Traceback' not in out.stderr

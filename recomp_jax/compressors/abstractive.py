@@ -44,7 +44,7 @@ def documents_text(passages: Sequence[Passage]) -> str:
 
 def compressor_prompt(question: str, docs: str) -> str:
   """:data:`COMPRESSOR_PROMPT` filled in (the literal braces of the texts stay as they are)."""
-  return COMPRESSOR_PROMPT.replace('{docs}', docs).replace('{query}', question)
+  return prompts.fill(COMPRESSOR_PROMPT, docs=docs, query=question)
 
 
 def qa_decision(summary_em: float, none_em: float) -> str:

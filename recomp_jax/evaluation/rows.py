@@ -45,10 +45,16 @@ class Row:
     key: the row key of the results schema (``'top1'``, ``'trained'``, ...).
     evidence: builds the evidence text per test example (``None``: the row does not score
       that example); called only when the row is not already in the results file.
+    reader: builds the reader of this row (a fine-tuned generator, FILCO's ``M_gen``);
+      ``None`` = the run's reader.
+    prompt: ``(question, evidence) -> prompt`` for this row's reader; ``None`` = the reader
+      protocol's prompt (:func:`recomp_jax.reader.prompts.build_prompt`).
   """
   row_id: str
   key: str
   evidence: Callable[[], list[str | None]]
+  reader: Callable[[], object] | None = None
+  prompt: Callable[[str, str], str] | None = None
 
 
 def lead_sentence(example: Example) -> str:
@@ -100,7 +106,7 @@ def shared_rows(keys: Sequence[str], examples: Sequence[Example]) -> list[Row]:
 
 
 def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_path: str) -> dict[str, dict]:
-  """Reads every row's evidence with ``reader``; one record per row appended to ``out_path``.
+  """Reads every row's evidence with ``reader`` (or the row's own); one record per row appended to ``out_path``.
 
   Rows already in ``out_path`` are skipped (resume). A record holds the row's EM / F1 (%),
   mean evidence tokens under the reader's tokenizer, ``n`` (questions scored) and the
@@ -116,9 +122,11 @@ def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_
     start = time.time()
     evidence = row.evidence()
     keep = [i for i, ev in enumerate(evidence) if ev is not None]
-    reader_prompts = [prompts.build_prompt(examples[i].question, evidence[i]) for i in keep]
-    scores = reader.exact_match(reader_prompts, [examples[i].answers for i in keep])
-    tokens = [reader.count_tokens(evidence[i]) for i in keep]
+    build = row.prompt or prompts.build_prompt
+    row_reader = row.reader() if row.reader is not None else reader
+    reader_prompts = [build(examples[i].question, evidence[i]) for i in keep]
+    scores = row_reader.exact_match(reader_prompts, [examples[i].answers for i in keep])
+    tokens = [row_reader.count_tokens(evidence[i]) for i in keep]
     done.append({'row': row.row_id, 'key': row.key, 'n': len(keep), 'ids': [examples[i].id for i in keep],
                  'em': scores['em'], 'f1': scores['f1'],
                  'em_per_example': scores['em_per_example'].tolist(),

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Sequence
 
 import numpy as np
 from absl import logging
 
-from recomp_jax import sharding
 from recomp_jax.compressors import abstractive
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
@@ -256,105 +254,17 @@ def fit_documents(tokenizer, question: str, passages, budget: int) -> tuple[str,
   When too long, the documents text loses its end (the question, at the start, is kept).
   Returns ``(prompt, truncated)``; the same cut is made in training and at inference.
   """
-  docs = abstractive.documents_text(passages)
-  prompt = abstractive.compressor_prompt(question, docs)
-  ids = tokenizer(prompt, add_special_tokens=False)['input_ids']
-  if len(ids) <= budget:
-    return prompt, False
-  doc_ids = tokenizer(docs, add_special_tokens=False)['input_ids']
-  keep = max(len(doc_ids) - (len(ids) - budget) - 8, 0)  # a little slack for merges at the cut
-  while True:
-    prompt = abstractive.compressor_prompt(question, tokenizer.decode(doc_ids[:keep]))
-    if len(tokenizer(prompt, add_special_tokens=False)['input_ids']) <= budget or keep == 0:
-      return prompt, True
-    keep = max(keep - 16, 0)
-
-
-def _is_seq2seq(model) -> bool:
-  from recomp_jax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
-  return isinstance(model, T5Model)
-
-
-def compressor_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
-                      max_source_length: int, max_target_length: int, report) -> dict[str, np.ndarray]:
-  """Training arrays for the compressor (seq2seq for T5, prompt-masked causal LM for Gemma)."""
-  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
-  if _is_seq2seq(model):
-    start = model.config.decoder_start_token_id
-    return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
-                                  max_target_length=max_target_length,
-                                  decoder_start_id=0 if start is None else int(start), report=report)
-  return recipes.causal_lm_arrays(tokenizer, prompts, targets,
-                                  max_length=max_source_length + max_target_length, report=report)
-
-
-def compressor_loss_fn(model):
-  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
-  return recipes.seq2seq_loss_fn() if _is_seq2seq(model) else recipes.causal_lm_loss_fn()
+  from recomp_jax.training.finetune import fit_prompt  # pylint: disable=import-outside-toplevel
+  return fit_prompt(tokenizer, lambda docs: abstractive.compressor_prompt(question, docs),
+                    abstractive.documents_text(passages), budget)
 
 
 def train_compressor(config, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
                      *, seed: int, directory: str, export) -> tuple[dict, object]:
-  """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
-
-  A batch of ``train.batch_size`` runs as microbatches of ``compressor.microbatch`` rows
-  whose gradients are averaged (a Gemma 3 270M step holds ~1 GB of activations and logits
-  per row on CPU; the update is that of the whole batch, the loss the mean of the
-  microbatches' token means). The best checkpoint is the one with the lowest dev loss
-  (token mean), evaluated every
-  ``train.eval_every`` steps and at the end. ``model``'s arrays are donated to the
-  training step: use the returned model. Returns ``(summary, trained model)``.
-  """
-  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
-  from recomp_jax.training.recipes import TruncationReport  # pylint: disable=import-outside-toplevel
-  t, c = config.train, config.compressor
-  report = TruncationReport()
-  arrays = compressor_arrays(model, tokenizer, [p for p, _ in train], [y for _, y in train],
-                             max_source_length=c.max_source_length, max_target_length=c.max_target_length,
-                             report=report)
-  dev_report = TruncationReport()
-  dev_arrays = compressor_arrays(model, tokenizer, [p for p, _ in dev], [y for _, y in dev],
-                                 max_source_length=c.max_source_length,
-                                 max_target_length=c.max_target_length, report=dev_report)
-  micro = max(1, min(c.microbatch, t.batch_size, len(train)))
-  batch_size = max(micro, min(t.batch_size, len(train)) // micro * micro)
-  steps_per_epoch = max(len(train) // batch_size, 1)
-  num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
-  loss_fn = compressor_loss_fn(model)
-  dev_batch = max(1, min(micro, len(dev)))
-  mesh = sharding.mesh_from_config(config)
-  dev_loss = train_lib.make_loss_evaluator(
-      loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
-  best_file = os.path.join(directory, 'best.json')
-  best = json.load(open(best_file)) if os.path.exists(best_file) else None
-
-  def eval_fn(trained, step):
-    nonlocal best
-    metrics = dev_loss(trained, step)
-    if best is None or metrics['loss'] < best['metrics']['loss']:
-      best = {'step': step, 'metrics': metrics}
-      export(trained)
-      with open(best_file, 'w') as f:
-        json.dump(best, f)
-    return metrics
-
-  train_config = {
-      'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every, 'eval_every': t.eval_every,
-      'checkpoint_every': t.checkpoint_every, 'keep_checkpoints': 1, 'best_metric': 'eval/loss',
-      'best_mode': 'min', 'progress_bar': True, 'mesh': config.mesh.to_dict(),
-      'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
-                    'schedule': t.schedule, 'weight_decay': t.weight_decay,
-                    'clip_grad_norm': t.clip_grad_norm, 'grad_accum_steps': batch_size // micro},
-  }
-  result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
-                           eval_fn if dev else None, workdir=directory, mesh=mesh)
-  if result.preempted:
-    raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  summary = {'examples': len(train), 'dev_examples': len(dev), 'steps': num_steps, 'batch_size': batch_size,
-             'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
-             'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
-             'final_metrics': result.metrics}
-  return summary, result.state.model()
+  """:func:`recomp_jax.training.finetune.finetune` of the compressor (``config.compressor``)."""
+  from recomp_jax.training import finetune  # pylint: disable=import-outside-toplevel
+  return finetune.finetune(config, config.compressor, model, tokenizer, train, dev, seed=seed,
+                           directory=directory, export=export)
 
 
 def compressor_pairs(tokenizer, examples: Sequence[Example], critic: dict[str, dict], *, top_docs: int,
@@ -374,34 +284,23 @@ def compressor_pairs(tokenizer, examples: Sequence[Example], critic: dict[str, d
 
 def stage_train(config, ctx: Context, critic_dir: str, seed: int, directory: str) -> dict:
   """Fine-tunes ``compressor.model`` on the critic's train targets; exports the best to ``compressor_best``."""
-  from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained  # pylint: disable=import-outside-toplevel
-  c = config.compressor
-  source = resolve_demo_model(c.model, 'reader')
-  pretrained = load_pretrained(source)
-  tokenizer = pretrained.tokenizer()
-  model = pretrained.model
-  if hasattr(model, 'set_layer_execution'):
-    model.set_layer_execution(scan_layers=c.scan_layers, remat=c.remat)
-  pairs = {}
-  cut = {}
-  for split in ('train', 'dev'):
-    pairs[split], cut[split] = compressor_pairs(tokenizer, ctx.examples(split), load_critic(critic_dir, split),
-                                                top_docs=config.candidates.top_docs, budget=c.max_source_length)
-  if not pairs['train']:
-    raise shared.PipelineError(f'the critic kept no training example (see {critic_dir}/train_report.json)')
-  best_dir = os.path.join(directory, 'compressor_best')
+  from recomp_jax.training import finetune  # pylint: disable=import-outside-toplevel
+  cut, empty = {}, {}
 
-  def export(trained):
-    export_pretrained(Pretrained(trained, pretrained.config, pretrained.family, pretrained.source_dir),
-                      best_dir, tokenizer_dir=pretrained.source_dir)
+  def pairs(tokenizer):
+    out = {}
+    for split in ('train', 'dev'):
+      out[split], cut[split] = compressor_pairs(tokenizer, ctx.examples(split), load_critic(critic_dir, split),
+                                                top_docs=config.candidates.top_docs,
+                                                budget=config.compressor.max_source_length)
+    if not out['train']:
+      raise shared.PipelineError(f'the critic kept no training example (see {critic_dir}/train_report.json)')
+    empty['train'] = sum(not y for _, y in out['train'])
+    return out['train'], out['dev']
 
-  summary, trained = train_compressor(config, model, tokenizer, pairs['train'], pairs['dev'], seed=seed,
-                                      directory=directory, export=export)
-  if not os.path.exists(os.path.join(best_dir, 'config.json')):  # no dev set: the final model
-    export(trained)
-  empty = sum(not y for _, y in pairs['train'])
-  return {**summary, 'documents_cut': cut, 'empty_targets': empty, 'source': source,
-          'microbatch': min(c.microbatch, summary['batch_size'])}
+  summary = finetune.finetune_pretrained(config, config.compressor, pairs, seed=seed, directory=directory,
+                                         best_name='compressor_best')
+  return {**summary, 'documents_cut': cut, 'empty_targets': empty['train']}
 
 
 class Compressor:
@@ -413,7 +312,8 @@ class Compressor:
 
   def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8):
     from recomp_jax.models import generation  # pylint: disable=import-outside-toplevel
-    cls = generation.T5Generator if _is_seq2seq(model) else generation.GemmaGenerator
+    from recomp_jax.training.finetune import is_seq2seq  # pylint: disable=import-outside-toplevel
+    cls = generation.T5Generator if is_seq2seq(model) else generation.GemmaGenerator
     self.tokenizer = tokenizer
     self.generator = cls(model, tokenizer, batch_size=batch_size)
     self.max_source_length = max_source_length

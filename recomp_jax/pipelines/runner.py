@@ -35,6 +35,7 @@ from recomp_jax.pipelines.stages import StageRunner
 SYSTEMS = {
     'extractive': 'recomp_jax.pipelines.extractive:ExtractiveSystem',
     'abstractive': 'recomp_jax.pipelines.abstractive:AbstractiveSystem',
+    'filco': 'recomp_jax.pipelines.filco:FilcoSystem',
 }
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
 

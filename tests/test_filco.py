@@ -1,0 +1,122 @@
+"""FILCO's measures and selection rules (paper and released-code variants), checked by hand,
+and CXMI with the real Gemma 3 270M reader against HF PyTorch's two log-likelihoods."""
+
+import math
+
+import numpy as np
+import pytest
+
+from recomp_jax.compressors import filco
+from recomp_jax.data.schema import Passage
+from recomp_jax.evaluation import qa_metrics
+from recomp_jax.reader import prompts
+
+
+def test_strinc_paper_matches_whole_normalised_tokens_released_matches_raw_substrings():
+  assert filco.strinc("The quarterback Brad Johnson's pass.", ['brad johnson'])
+  assert not filco.strinc('The party started at noon.', ['art'])
+  assert filco.strinc('The party started at noon.', ['art'], variant='released')
+  assert not filco.strinc('Paris is in France.', ['Lyon'], variant='released')
+  with pytest.raises(ValueError, match='variant'):
+    filco.strinc('x', ['x'], variant='github')
+
+
+def test_unigram_f1_counts_words_in_the_paper_and_characters_in_the_released_code():
+  # words: {cat, sat} vs {cat}: P 1/2, R 1 -> 2/3.
+  assert filco.unigram_f1('The cat sat', ['cat']) == pytest.approx(2 / 3)
+  # characters of 'cat sat' (7, the space included) vs 'cat' (3): 3 shared, P 3/7, R 1 -> 0.6.
+  assert filco.unigram_f1('The cat sat', ['cat'], variant='released') == pytest.approx(0.6)
+  assert filco.unigram_f1('act', ['cat']) == 0.0
+  assert filco.unigram_f1('act', ['cat'], variant='released') == 1.0
+  assert filco.unigram_f1('', ['cat']) == 0.0
+  assert filco.unigram_f1('dog cat', ['bird', 'cat']) == pytest.approx(2 / 3)  # the best reference
+
+
+def test_released_exact_match_keeps_punctuation():
+  assert qa_metrics.exact_match('U.S.', ['US']) == 1.0
+  assert filco.released_exact_match('U.S.', ['US']) == 0.0
+  assert filco.released_exact_match('The U.S.', ['u.s.']) == 1.0
+
+
+def test_cxmi_is_a_log_ratio_in_the_paper_and_a_sigmoid_of_probability_products_when_released():
+  np.testing.assert_allclose(filco.cxmi_from_logliks([-1.0, -3.0], -2.0), [1.0, -1.0])
+  released = filco.cxmi_from_logliks([-1.0, -3.0], -2.0, variant='released')
+  np.testing.assert_allclose(released, [1 / (1 + math.exp(-1)), 1 / (1 + math.exp(1))])
+  # Raw products underflow for a long output: 0/0.
+  assert np.isnan(filco.cxmi_from_logliks([-800.0], -800.0, variant='released')[0])
+  assert filco.cxmi_from_logliks([-800.0], -801.0)[0] == pytest.approx(1.0)
+
+
+def test_selection_rules_paper_vs_released():
+  sentences = [['a0', 'a1'], ['b0', 'b1']]
+  # STRINC: the first passing sentence in rank order vs every passing sentence.
+  strinc = [[0, 1], [1, 0]]
+  assert filco.select(sentences, strinc, 'strinc') == filco.Selection(((0, 1),), 'a1')
+  assert filco.select(sentences, strinc, 'strinc', 'released').text == 'a1 b0'
+  # LEXICAL: the best above 0.5 (strictly), else nothing; ties go to the earlier sentence.
+  assert filco.select(sentences, [[0.5, 0.2], [0.3, 0.1]], 'lexical').empty
+  assert filco.select(sentences, [[0.6, 0.9], [0.9, 0.1]], 'lexical').text == 'a1'
+  # CXMI: the best above 0 in log space; the released threshold (>= 0 on a sigmoid) never filters.
+  negative = [[-0.5, -2.0], [-0.1, -3.0]]
+  assert filco.select(sentences, negative, 'cxmi').empty
+  sig = [[1 / (1 + math.exp(-x)) for x in row] for row in negative]
+  assert filco.select(sentences, sig, 'cxmi', 'released').text == 'a0 b0'
+  assert filco.select(sentences, [[-0.5, 0.2], [0.7, 0.1]], 'cxmi').text == 'b0'
+  assert filco.select([[], []], [[], []], 'cxmi').empty
+  with pytest.raises(ValueError, match='measure'):
+    filco.select(sentences, strinc, 'bleu')
+
+
+def test_text_scores_canonical_output_and_precision():
+  passages = [Passage('1', 'Lyon', 'Lyon is a city. It is not the capital.'),
+              Passage('2', 'Paris', 'Paris is the capital of France. It has the Louvre.')]
+  assert filco.canonical_output(['Marseille', 'Paris'], passages) == 'Paris'
+  assert filco.canonical_output(['Berlin'], passages) == 'Berlin'
+  assert filco.canonical_output([], passages) == ''
+  sentences = filco.passage_sentences(passages)
+  assert sentences == [['Lyon is a city.', 'It is not the capital.'],
+                       ['Paris is the capital of France.', 'It has the Louvre.']]
+  scores = filco.text_scores(sentences, 'Paris', ['Paris'], 'strinc')
+  assert scores == [[0.0, 0.0], [1.0, 0.0]]
+  assert filco.select(sentences, scores, 'strinc').text == 'Paris is the capital of France.'
+  # Table 3's precision: output words / context words ('the' is dropped by normalisation).
+  assert filco.unigram_precision('Paris is the capital of France.', 'Paris') == pytest.approx(1 / 5)
+  assert filco.unigram_precision('', 'Paris') == 0.0
+
+
+def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_question():
+  assert filco.filter_prompt('q {docs}?', 'P {query}') == 'Question: q {docs}?\nPassage: P {query}\nMost helpful sentence:'
+  assert filco.generator_prompt('who?', 'ctx') == 'ctx\n\nwho?\nAnswer:'
+  assert filco.generator_prompt('who?', '') == 'who?\nAnswer:'
+
+
+def test_cxmi_with_the_real_reader_equals_hf_pytorch_log_likelihoods(gemma3_hf_dir, gemma3_torch):
+  torch = pytest.importorskip('torch')
+  from transformers import AutoTokenizer
+
+  from recomp_jax.reader.reader import Reader
+  reader = Reader(gemma3_hf_dir, score_batch_size=8)
+  question = 'what is the capital of france'
+  sentences = [['Paris is the capital and largest city of France.', 'Bananas are yellow.'],
+               ['The Louvre is a museum.']]
+  scores = filco.cxmi_scores(reader, [question], [sentences], ['Paris'])[0]
+  tokenizer = AutoTokenizer.from_pretrained(gemma3_hf_dir)
+
+  def loglik(prompt: str, target: str) -> float:
+    p = tokenizer(prompt, return_tensors='pt')['input_ids']  # BOS + prompt
+    t = tokenizer(target, add_special_tokens=False, return_tensors='pt')['input_ids']
+    ids = torch.cat([p, t], dim=1)
+    with torch.no_grad():
+      logp = torch.log_softmax(gemma3_torch(ids).logits[0].double(), -1)
+    return float(sum(logp[p.shape[1] - 1 + i, t[0, i]] for i in range(t.shape[1])))
+
+  target = prompts.answer_target('Paris')
+  base = loglik(prompts.build_prompt(question), target)
+  flat = [s for row in sentences for s in row]
+  expected = [loglik(prompts.build_prompt(question, s), target) - base for s in flat]
+  np.testing.assert_allclose([x for row in scores for x in row], expected, atol=2e-3)
+  assert scores[0][0] > 0 > scores[0][1]  # the answer-bearing sentence helps, the banana does not
+  chosen = filco.select(sentences, scores, 'cxmi')
+  assert chosen.text == flat[int(np.argmax(expected))]
+  # No output: nothing scored, no reader call.
+  assert filco.cxmi_scores(reader, [question], [sentences], ['']) == [[[0.0, 0.0], [0.0]]]

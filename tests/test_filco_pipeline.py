@@ -1,0 +1,103 @@
+"""FILCO end to end at the ci size: silver contexts, the filter model, the PSG model and three
+generators (all the real Gemma 3 270M, one step each), the rows and Table 3's columns."""
+
+import json
+import os
+
+import pytest
+
+from recomp_jax.evaluation import qa_metrics, report
+from recomp_jax.pipelines import runner as pipeline_runner
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch):
+  monkeypatch.syspath_prepend(REPO)
+
+
+def _config(workdir, **overrides):
+  from configs.nq_filco import get_config
+  config = get_config('ci')
+  config.workdir = str(workdir)
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def _jsonl(path):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def test_ci_pipeline_end_to_end(tmp_path):
+  workdir = tmp_path / 'run'
+  config = _config(workdir)
+  results = pipeline_runner.run(config, config.workdir)
+  report.validate_results(json.loads(open(workdir / 'results.json').read()))
+  rows = {r['key']: r for r in results['rows']}
+  assert set(rows) == {'none', 'top1', 'top5', 'full', 'psg', 'trained', 'silver', 'filtered_reader'}
+  assert all(r['n'] == 6 for r in rows.values()) and rows['none']['tokens'] == 0
+  assert {b['b'] for b in results['bootstrap']} == set(rows) - {'trained'}
+
+  # Silver contexts (STRINC, paper): the first sentence of the top passage holding an answer.
+  stages = workdir / 'stages'
+  for split, n in (('train', 12), ('dev', 4), ('test', 6)):
+    silver = _jsonl(stages / 'silver' / f'{split}.jsonl')
+    answers = {r['id']: r['answers'] for r in _jsonl(stages / 'retrieve' / f'{split}.jsonl')}
+    assert len(silver) == n == results['silver'][split]['n']
+    assert results['silver'][split]['empty_silver'] == sum(not r['silver'] for r in silver)
+    for r in silver:
+      for row, scores in zip(r['sentences'], r['scores']):
+        for sentence, score in zip(row, scores):
+          assert score == float(qa_metrics.has_answer(sentence, answers[r['id']]))
+      first = next((s for row, sc in zip(r['sentences'], r['scores']) for s, x in zip(row, sc) if x == 1.0), '')
+      assert r['silver'] == first
+      assert r['psg_keep'] == [any(score == 1.0 for score in row) for row in r['scores']]
+  for name in ('filter_seed0', 'psg_seed0', 'generator_full_seed0', 'generator_psg_seed0', 'generator_filco_seed0'):
+    assert results['stages'][name]['steps'] == 1, name
+    assert os.path.exists(stages / name / 'model_best' / 'config.json'), name
+
+  # FILCO reads the filter model's own predictions (not the silver context); SILVER reads the silver context.
+  predicted = {r['id']: r['context'] for r in _jsonl(stages / 'evaluate' / 'filter_seed0.jsonl')}
+  test_silver = {r['id']: r['silver'] for r in _jsonl(stages / 'silver' / 'test.jsonl')}
+  by_row = {}
+  for p in _jsonl(workdir / 'predictions.jsonl'):
+    by_row.setdefault(p['row'], {})[p['id']] = p
+  assert {i: p['evidence'] for i, p in by_row['trained@0'].items()} == predicted
+  assert {i: p['evidence'] for i, p in by_row['filtered_reader@0'].items()} == predicted
+  assert {i: p['evidence'] for i, p in by_row['silver@0'].items()} == test_silver
+  keep = {r['id']: r['keep'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
+  retrieved = {r['id']: r for r in _jsonl(stages / 'retrieve' / 'test.jsonl')}
+  for i, p in by_row['psg@0'].items():
+    ctxs = retrieved[i]['ctxs'][:1]
+    expected = '\n'.join(f"{c['title']}\n{c['text']}" for c, k in zip(ctxs, keep[i]) if k)
+    assert p['evidence'] == expected
+  for i, p in by_row['full@0'].items():
+    top = retrieved[i]['ctxs'][0]
+    assert p['evidence'] == f"{top['title']}\n{top['text']}"
+
+  (table,) = [t for t in results['extra_tables'] if t['title'].startswith('FILCO contexts')]
+  cells = {r[0]: r for r in table['rows']}
+  assert cells['none'][1] == '100.0' and cells['silver@0'][2] != '-'
+  assert any('Silver contexts: measure strinc' in n for n in results['notes'])
+  again = pipeline_runner.run(config, config.workdir)
+  assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']
+
+  # CXMI silver contexts with the run's reader: the silver stage reruns, scores are log ratios.
+  cxmi = _config(workdir, **{'filco.measure': 'cxmi', 'eval.rows': ('none', 'silver')})
+  cxmi_results = pipeline_runner.run(cxmi, cxmi.workdir)
+  assert cxmi_results['stage_seconds']['silver'] > 0
+  for r in _jsonl(stages / 'silver' / 'train.jsonl'):
+    flat = [x for row in r['scores'] for x in row]
+    best = max(flat, default=0.0)
+    assert (r['silver'] != '') == (best > 0.0)
+  assert {r['key'] for r in cxmi_results['rows']} == {'none', 'silver'}
+
+
+def test_bad_config_is_refused_before_any_work(tmp_path):
+  from recomp_jax.pipelines.shared import PipelineError
+  with pytest.raises(PipelineError, match='filco.measure'):
+    pipeline_runner.run(_config(tmp_path, **{'filco.measure': 'bleu'}), str(tmp_path))
+  with pytest.raises(PipelineError, match='filco.variant'):
+    pipeline_runner.run(_config(tmp_path, **{'filco.variant': 'github'}), str(tmp_path))
