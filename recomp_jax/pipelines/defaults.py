@@ -219,12 +219,8 @@ def abstractive_experiment(dataset: str, preset: str) -> ml_collections.ConfigDi
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
   elif preset in ('demo', 'ci'):
-    c.dataset = dataset
-    c.data.source = 'demo'
-    c.retrieval.corpus_path = ''
-    use_minilm(c)
     demo = preset == 'demo'
-    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (64, 16, 32) if demo else (16, 8, 8)
+    demo_data(c, dataset, (64, 16, 32) if demo else (16, 8, 8))
     offline_teacher(c, max_tokens=64 if demo else 24)
     c.compressor.max_source_length = 384 if demo else 192
     c.compressor.max_target_length = 64 if demo else 32
@@ -311,12 +307,8 @@ def filco_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
   elif preset in ('demo', 'ci'):
-    c.dataset = dataset
-    c.data.source = 'demo'
-    c.retrieval.corpus_path = ''
-    use_minilm(c)
     demo = preset == 'demo'
-    c.data.demo_train, c.data.demo_dev, c.data.demo_test = (64, 16, 32) if demo else (12, 4, 6)
+    demo_data(c, dataset, (64, 16, 32) if demo else (12, 4, 6))
     c.filter.max_source_length = 256 if demo else 160
     c.filter.max_target_length = 48 if demo else 24
     c.filter.max_new_tokens = 48 if demo else 12
@@ -332,6 +324,15 @@ def filco_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c
+
+
+def demo_data(c: ml_collections.ConfigDict, dataset: str, sizes: tuple[int, int, int]) -> None:
+  """Offline questions made from the ovos Wikipedia summaries (``sizes``: train, dev, test) and MiniLM."""
+  c.dataset = dataset
+  c.data.source = 'demo'
+  c.retrieval.corpus_path = ''
+  use_minilm(c)
+  c.data.demo_train, c.data.demo_dev, c.data.demo_test = sizes
 
 
 def use_minilm(c: ml_collections.ConfigDict) -> None:
