@@ -140,6 +140,14 @@ def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_
   return {row.row_id: done.records[row.row_id] for row in rows}
 
 
+def table_order(row_ids, row_keys: Sequence[str]) -> list[str]:
+  """Row ids (``key`` or ``key@seed``) in ``row_keys`` order, then by id; unknown keys last."""
+  def rank(row_id: str):
+    key = row_id.split('@')[0]
+    return (row_keys.index(key) if key in row_keys else len(row_keys), row_id)
+  return sorted(row_ids, key=rank)
+
+
 def aggregate_rows(records: dict[str, dict], row_keys: Sequence[str], name: Callable[[str], str],
                    out_key: Callable[[str], str] = lambda key: key) -> tuple[list[dict], dict[str, dict]]:
   """Schema rows, in ``row_keys`` order, with per-seed rows (``key@seed``) folded into one row.

@@ -390,12 +390,8 @@ class AbstractiveSystem(System):
                                          lambda d: stage_critic(config, ctx, teacher_dir, d),
                                          deps=('teacher',), code=CRITIC_CODE, resumable=True)
     cfg = config.to_dict()
-    train_fields = {k: cfg['train'][k] for k in ('epochs', 'num_steps', 'batch_size', 'learning_rate',
-                                                  'warmup_steps', 'schedule', 'weight_decay',
-                                                  'clip_grad_norm', 'eval_every')}
-    compressor_fields = {**{k: v for k, v in cfg['compressor'].items()
-                            if k not in ('max_new_tokens', 'generate_batch_size')},
-                         'weights': shared.model_fingerprint(config.compressor.model, 'reader')}
+    from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
+    train_fields, compressor_fields = finetune_inputs(config, 'compressor')
     names = []
     for seed in config.train.seeds:
       name = f'train_seed{seed}'
@@ -486,8 +482,7 @@ class AbstractiveSystem(System):
       with open(oracle_path, encoding='utf-8') as f:
         oracle_empty = {r['id']: not r['use_summary'] for r in map(json.loads, f)}
     table_rows = []
-    for row_id in sorted(records, key=lambda r: (ROW_KEYS.index(r.split('@')[0]) if r.split('@')[0] in ROW_KEYS
-                                                 else 99, r)):
+    for row_id in rows_lib.table_order(records, ROW_KEYS):
       r = records[row_id]
       ids, evidence = r['ids'], r['evidence']
       empty = [not (ev or '') for ev in evidence]

@@ -276,6 +276,7 @@ class FilcoSystem(System):
 
   def stages(self, ctx: Context) -> tuple[str, ...]:
     from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
+    from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
     silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k != 'questions_per_call'},
@@ -284,9 +285,6 @@ class FilcoSystem(System):
       silver_inputs.update(reader_inputs(config))
     ctx.summaries['silver'] = runner.run('silver', silver_inputs, lambda d: stage_silver(config, ctx, d),
                                          deps=('retrieve',), code=SILVER_CODE, resumable=True)
-    train_fields = {k: cfg['train'][k] for k in ('epochs', 'num_steps', 'batch_size', 'learning_rate',
-                                                  'warmup_steps', 'schedule', 'weight_decay',
-                                                  'clip_grad_norm', 'eval_every')}
     keys = wanted_rows(config)
     jobs = []
     if {'trained', 'filtered_reader'} & set(keys):
@@ -301,12 +299,10 @@ class FilcoSystem(System):
     names = []
     for seed in config.train.seeds:
       for what in jobs:
-        section = cfg['generator'] if what.startswith('generator_') else cfg['filter']
+        train_fields, model_fields = finetune_inputs(config, 'generator' if what.startswith('generator_') else 'filter')
         name = f'{what}_seed{seed}'
-        inputs = {'train': train_fields, 'model': {**{k: v for k, v in section.items()
-                                                      if k not in ('max_new_tokens', 'generate_batch_size')},
-                                                   'weights': shared.model_fingerprint(section['model'], 'reader')},
-                  'mesh': cfg['mesh'], 'seed': seed, 'top_docs': config.candidates.top_docs}
+        inputs = {'train': train_fields, 'model': model_fields, 'mesh': cfg['mesh'], 'seed': seed,
+                  'top_docs': config.candidates.top_docs}
         ctx.summaries[name] = runner.run(name, inputs,
                                          lambda d, what=what, seed=seed: stage_finetune(config, ctx, what, seed, d),
                                          deps=('silver',), code=TRAIN_CODE, resumable=True)
@@ -364,8 +360,7 @@ class FilcoSystem(System):
     """Table 3: precision of the canonical output in each row's context, and % empty contexts."""
     silver = load_silver(ctx.stage_dir('silver'), 'test')
     table_rows = []
-    for row_id in sorted(records, key=lambda r: (ROW_KEYS.index(r.split('@')[0]) if r.split('@')[0] in ROW_KEYS
-                                                 else 99, r)):
+    for row_id in rows_lib.table_order(records, ROW_KEYS):
       r = records[row_id]
       precision = [filco.unigram_precision(ev or '', silver[i]['output']) for i, ev in zip(r['ids'], r['evidence'])
                    if silver[i]['output']]

