@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Run one experiment on every worker (multi-host: jax.distributed initialises itself on TPU).
-# Usage: launch/run.sh configs/nq_extractive.py[:preset] [--config.x=y ...]
+# Usage: TPU_NAME=NAME WORKDIR=DIR launch/run.sh CONFIG[:preset] [--config.field=value ...]
+# Runs the same `python3 -m recomp_jax.main` on every worker of the slice; JAX finds the
+# other workers itself (jax.distributed) and process 0 writes results and summaries.
+# Settings and their defaults: launch/common.sh.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/common.sh"
-config=${1:?usage: launch/run.sh CONFIG [overrides...]}; shift
-gcloud_tpu ssh "$TPU_NAME" --worker=all --command="
-  cd $REPO_DIR && python3 -m recomp_jax.main --config=$config --workdir=$WORKDIR $*
-"
+require TPU_NAME WORKDIR
+if [ "$#" -lt 1 ]; then
+  echo "error: give a config file" >&2
+  usage >&2
+  exit 2
+fi
+remote="cd $(quote "$REPO_DIR") && python3 -m recomp_jax.main"
+for arg in "--config=$1" "--workdir=$WORKDIR" "${@:2}"; do remote+=" $(quote "$arg")"; done
+tpu_vm ssh "$TPU_NAME" --worker=all --command="$remote"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Install recomp_jax with JAX for TPU on every worker of the slice.
+# Usage: TPU_NAME=NAME REPO_URL=GIT_URL [REPO_REF=main] [JAX_VERSION=0.10.2] launch/setup.sh
+# On every worker: clone (or update) the repository at REPO_REF and install it with
+# jax[tpu]. Settings and their defaults: launch/common.sh.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/common.sh"
-[ -n "$REPO_URL" ] || { echo "set REPO_URL to this repository's git URL" >&2; exit 2; }
-gcloud_tpu ssh "$TPU_NAME" --worker=all --command="
-  set -e
-  [ -d $REPO_DIR ] || git clone $REPO_URL $REPO_DIR
-  cd $REPO_DIR && git pull --ff-only
-  python3 -m pip install -q -U pip
-  python3 -m pip install -q -e . 'jax[tpu]==0.10.2'
-"
+require TPU_NAME REPO_URL
+dir=$(quote "$REPO_DIR")
+remote="set -e; [ -d $dir ] || git clone $(quote "$REPO_URL") $dir"
+remote+="; cd $dir && git fetch -q origin && git checkout -q $(quote "$REPO_REF")"
+remote+="; python3 -m pip install -q -U pip"
+remote+="; python3 -m pip install -q -e . $(quote "jax[tpu]==$JAX_VERSION")"
+tpu_vm ssh "$TPU_NAME" --worker=all --command="$remote"

@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Serve TensorBoard for WORKDIR from worker 0, forwarded to localhost:6006.
+# Usage: TPU_NAME=NAME WORKDIR=DIR [TB_PORT=6006] launch/tensorboard.sh
+# Serves TensorBoard for WORKDIR (every stage's summaries) on worker 0, forwarded to
+# localhost:TB_PORT.
+# Settings and their defaults: launch/common.sh.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/common.sh"
-gcloud_tpu ssh "$TPU_NAME" --worker=0 -- -L 6006:localhost:6006 \
-  "python3 -m tensorboard.main --logdir=$WORKDIR --port=6006"
+require TPU_NAME WORKDIR
+logdir=$REPO_DIR/$WORKDIR
+[[ "$WORKDIR" != /* ]] || logdir=$WORKDIR
+tpu_vm ssh "$TPU_NAME" --worker=0 \
+  --command="python3 -m tensorboard.main $(quote "--logdir=$logdir") --port=$TB_PORT" \
+  -- -L "$TB_PORT:localhost:$TB_PORT"
