@@ -194,6 +194,14 @@ def main(argv):
   workdir = flags.FLAGS.workdir or config.get('workdir') or os.path.join('workdirs', config.system)
   from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   sharding.maybe_initialize_distributed()
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.process_count() > 1:
+    wrong = {f: v for f, v in sharding.batch_size_fields(config).items() if v % jax.process_count()}
+    if wrong:
+      print(f'error: {jax.process_count()} processes cannot split the global batch: '
+            + ', '.join(f'{f}={v}' for f, v in wrong.items())
+            + f' (each must be a multiple of {jax.process_count()})', file=sys.stderr, flush=True)
+      sys.exit(2)
   from recomp_jax import allocator  # pylint: disable=import-outside-toplevel
   logging.info('system %s, workdir %s, %s', config.system, workdir, allocator.describe())
   try:

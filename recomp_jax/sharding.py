@@ -302,14 +302,40 @@ def _configured_process_count() -> int:
 def maybe_initialize_distributed() -> bool:
   """Calls ``jax.distributed.initialize()`` when the environment configures several processes.
 
+  On Cloud TPU, SLURM or Open MPI JAX detects the job itself; elsewhere set
+  ``JAX_COORDINATOR_ADDRESS=host:port``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``.
+
   Must run before any JAX computation. Returns True if this call initialised
   the distributed runtime (False on a single process or when already done).
   Cluster detection (coordinator, process id) is left to JAX.
   """
   if jax.distributed.is_initialized() or _configured_process_count() <= 1:
     return False
-  jax.distributed.initialize()
+  env = os.environ
+  if all(env.get(k, '').strip().isdigit() for k in ('JAX_NUM_PROCESSES', 'JAX_PROCESS_ID')):
+    # JAX reads only the coordinator from the environment; a hand-started job (several
+    # processes on one machine, or hosts without a cluster manager) names the rest.
+    jax.distributed.initialize(env.get('JAX_COORDINATOR_ADDRESS'),
+                               num_processes=int(env['JAX_NUM_PROCESSES']),
+                               process_id=int(env['JAX_PROCESS_ID']))
+  else:
+    jax.distributed.initialize()
   return True
+
+
+def batch_size_fields(config: Any, prefix: str = 'config') -> dict[str, int]:
+  """Every ``batch_size`` field of a nested config (``{'config.train.batch_size': 64, ...}``).
+
+  These are global training batch sizes: each process feeds ``batch_size / process_count`` rows.
+  """
+  fields = {}
+  items = config.items() if hasattr(config, 'items') else ()
+  for key, value in items:
+    if key == 'batch_size' and isinstance(value, int):
+      fields[f'{prefix}.{key}'] = value
+    elif hasattr(value, 'items'):
+      fields.update(batch_size_fields(value, f'{prefix}.{key}'))
+  return fields
 
 
 def is_main_process() -> bool:
