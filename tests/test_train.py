@@ -8,6 +8,7 @@ the first one compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -273,6 +274,25 @@ def test_corrupted_latest_checkpoint_falls_back(mesh, tmp_path):
   assert [s for s, _ in scalars['train/loss']] == [2, 4, 6, 8]
   assert [s for s, _ in scalars['eval/loss']] == [3, 6, 8]
   assert scalars['train/learning_rate'][0][1] == pytest.approx(np.mean([0.0, 0.5e-2]))
+
+
+def test_profile_steps_write_a_trace_for_tensorboard(mesh, tmp_path):
+  """``profile_steps=2`` traces steps 2-3 (after the compiling step) into workdir/tensorboard."""
+  config = train_lib.TrainConfig(num_steps=5, log_every=5, checkpoint_every=0, profile_steps=2,
+                                 progress_bar=False, async_checkpointing=False)
+  iterator = train_lib.ArrayIterator(tiny_models.token_data(32), batch_size=8, seed=2)
+  result = train_lib.train(config, lambda: tiny_models.make_model(0), tiny_models.lm_loss, iterator,
+                           workdir=tmp_path, mesh=mesh)
+  assert result.step == 5
+  traces = list((tmp_path / 'tensorboard' / 'plugins' / 'profile').glob('*/*.xplane.pb'))
+  assert len(traces) == 1 and traces[0].stat().st_size > 1000, traces
+  # The trace holds the jitted train step's executions.
+  assert b'step' in traces[0].read_bytes()
+  # Off by default: no profile directory.
+  iterator = train_lib.ArrayIterator(tiny_models.token_data(32), batch_size=8, seed=2)
+  train_lib.train(dataclasses.replace(config, profile_steps=0), lambda: tiny_models.make_model(0),
+                  tiny_models.lm_loss, iterator, workdir=tmp_path / 'off', mesh=mesh)
+  assert not (tmp_path / 'off' / 'tensorboard' / 'plugins').exists()
 
 
 # --------------------------------------------------------------------------- kill / SIGTERM

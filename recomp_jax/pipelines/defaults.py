@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.workdir = ''
   c.force_stages = ''  # comma-separated stage names to rerun, or 'all'
+  c.profile_steps = 0  # >0: every training stage traces this many steps (TensorBoard profile tab)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'jsonl'  # 'jsonl' | 'hf' | 'demo'

@@ -345,7 +345,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
       'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every,
       'eval_every': t.eval_every, 'checkpoint_every': t.checkpoint_every,
       'keep_checkpoints': 2, 'best_metric': f'eval/{t.select_metric}', 'best_mode': 'max',
-      'progress_bar': True, 'mesh': config.mesh.to_dict(),
+      'progress_bar': True, 'profile_steps': config.profile_steps, 'mesh': config.mesh.to_dict(),
       'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
                     'schedule': t.schedule, 'weight_decay': t.weight_decay,
                     'clip_grad_norm': t.clip_grad_norm},

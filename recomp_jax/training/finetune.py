@@ -105,7 +105,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   train_config = {
       'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every, 'eval_every': t.eval_every,
       'checkpoint_every': t.checkpoint_every, 'keep_checkpoints': 1, 'best_metric': 'eval/loss',
-      'best_mode': 'min', 'progress_bar': True, 'mesh': config.mesh.to_dict(),
+      'best_mode': 'min', 'progress_bar': True, 'profile_steps': config.profile_steps,
+      'mesh': config.mesh.to_dict(),
       'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
                     'schedule': t.schedule, 'weight_decay': t.weight_decay,
                     'clip_grad_norm': t.clip_grad_norm, 'grad_accum_steps': batch_size // micro},

@@ -86,6 +86,9 @@ class TrainConfig:
     max_consecutive_nonfinite: stop with :class:`NonFiniteError` after this
       many skipped updates in a row.
     progress_bar: show tqdm (process 0 only).
+    profile_steps: trace this many steps with the JAX profiler, starting after the
+      first (compiling) step of the run, into ``workdir/tensorboard`` (TensorBoard's
+      profile tab, with ``tensorboard-plugin-profile``); process 0 only; 0: off.
     mesh: ``data`` / ``fsdp`` / ``tensor`` sizes (-1 = fill).
     optimizer: :class:`recomp_jax.training.optim.OptimizerConfig`.
   """
@@ -101,6 +104,7 @@ class TrainConfig:
   async_checkpointing: bool = True
   max_consecutive_nonfinite: int = 10
   progress_bar: bool = True
+  profile_steps: int = 0
   mesh: sharding_lib.MeshConfig = sharding_lib.MeshConfig()
   optimizer: OptimizerConfig = OptimizerConfig()
 
@@ -659,6 +663,32 @@ class _Loop:
     self.start_timer()
 
 
+class _Profiler:
+  """Traces steps ``first + 1 .. first + num_steps`` (1-based ``done`` counts) into ``logdir``."""
+
+  def __init__(self, logdir: str, first: int, num_steps: int, enabled: bool):
+    self.logdir, self.start_after, self.stop_at = logdir, first + 1, first + 1 + num_steps
+    self.enabled = enabled and num_steps > 0
+    self.active = False
+
+  def after_step(self, done: int, state: Any) -> None:
+    if not self.enabled:
+      return
+    if done == self.start_after and not self.active:
+      jax.block_until_ready(state)
+      jax.profiler.start_trace(self.logdir)
+      self.active = True
+      logger.info('profiling steps %d-%d into %s', done + 1, self.stop_at, self.logdir)
+    elif done == self.stop_at and self.active:
+      self.stop(state)
+
+  def stop(self, state: Any) -> None:
+    if self.active:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
+
+
 def _due(step: int, every: int) -> bool:
   return every > 0 and step % every == 0
 
@@ -702,7 +732,7 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
                               best_metric=cfg.best_metric, best_mode=cfg.best_mode,
                               keep_best=cfg.keep_best, async_save=cfg.async_checkpointing)
   writer = MetricWriter(os.path.join(workdir, 'tensorboard'), enabled=main)
-  pbar = None
+  pbar = profiler = None
   try:
     with sharding_lib.use_mesh(mesh):
       resumed_from = None
@@ -727,6 +757,7 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
         from tqdm.auto import tqdm
         pbar = tqdm(total=cfg.num_steps, initial=start, desc='train', dynamic_ncols=True)
       loop = _Loop(cfg, writer, pbar)
+      profiler = _Profiler(os.path.join(workdir, 'tensorboard'), start, cfg.profile_steps, main)
       eval_metrics: dict[str, float] = {}
       last_saved = resumed_from
       pending: tuple[int, Any, int] | None = None  # metrics of the previous step, fetched one step late
@@ -766,6 +797,7 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
             loop.start_timer()
           if pbar is not None:
             pbar.update(1)
+          profiler.after_step(done, state)
           for callback in callbacks:
             callback(done, state, guard)
 
@@ -800,6 +832,8 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
       return TrainResult(state, int(jax.device_get(state.step)), loop.last, eval_metrics,
                          resumed_from=resumed_from)
   finally:
+    if profiler is not None:
+      profiler.stop(None)  # a run shorter than the traced window still leaves its trace
     if pbar is not None:
       pbar.close()
     writer.close()
