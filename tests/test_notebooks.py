@@ -1,0 +1,47 @@
+"""Every notebook in notebooks/ runs top to bottom on CPU at the ``ci`` size (papermill).
+
+A cell that raises fails the test (papermill stops at the first error and names the cell);
+the notebook's own assertions (results table read back, the exported Hugging Face encoder
+matching our JAX encoder) therefore run here too.
+"""
+
+import json
+import pathlib
+
+import pytest
+
+papermill = pytest.importorskip('papermill', reason='install the test extra (papermill, ipykernel)')
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / 'notebooks').glob('*.ipynb'))
+PARAMETERS = {
+    'quickstart.ipynb': {'PRESET': 'ci', 'SHOW_TENSORBOARD': False, 'INSTALL': True},
+}
+
+
+def test_every_notebook_has_ci_parameters():
+  assert [p.name for p in NOTEBOOKS] == sorted(PARAMETERS)
+  for path in NOTEBOOKS:
+    cells = json.loads(path.read_text())['cells']
+    tagged = [c for c in cells if 'parameters' in c.get('metadata', {}).get('tags', [])]
+    assert len(tagged) == 1, path
+    for name in PARAMETERS[path.name]:
+      assert f'{name} = ' in ''.join(tagged[0]['source']), (path.name, name)
+    assert all(not c.get('outputs') for c in cells if c['cell_type'] == 'code'), \
+        f'{path.name}: commit notebooks without outputs'
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
+  workdir = tmp_path / 'work'
+  output = tmp_path / path.name
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')  # the kernel inherits it: no network in CI
+  papermill.execute_notebook(str(path), str(output), cwd=str(path.parent),
+                             parameters={**PARAMETERS[path.name], 'WORKDIR': str(workdir)},
+                             kernel_name='python3', progress_bar=False, execution_timeout=1500)
+  executed = json.loads(output.read_text())
+  text = ''.join(''.join(o.get('text', '')) for c in executed['cells'] for o in c.get('outputs', []))
+  assert 'trained compressor: EM' in text and 'max |JAX - transformers|' in text
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['preset'] == 'ci' and {r['key'] for r in results['rows']} >= {'trained', 'top1'}
+  assert (workdir / 'exported_encoder' / 'config.json').exists()
