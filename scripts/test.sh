@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run the test suite (README "Run the tests"): installs the package with its
-# test, demo and serve extras (torch==2.13.0 CPU is the ground truth in tests), then runs pytest.
+# test, demo, serve and tf extras (torch==2.13.0 CPU is the ground truth in tests), then runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python3 -m pip install -q -e '.[test,demo,serve]'
+python3 -m pip install -q -e '.[test,demo,serve,tf]'
 python3 -m pytest -q -rs tests "$@"
