@@ -29,6 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from recomp_jax.training.loop import EpochBatchPosition, epoch_order
+
 
 @functools.lru_cache(maxsize=None)
 def _tf():
@@ -208,7 +210,7 @@ def load_tf_tokenizer(directory: str) -> _InGraphTokenizer:
   return TfSentencePiece.from_pretrained(directory)
 
 
-class TfTokenizedBatches:
+class TfTokenizedBatches(EpochBatchPosition):
   """This process's tokenised batches of ``texts`` from a ``tf.data`` pipeline (resumable).
 
   Args:
@@ -248,8 +250,7 @@ class TfTokenizedBatches:
 
   def _local_order(self, epoch: int) -> np.ndarray:
     """``[batches, local]``: the example indices this process reads in ``epoch``."""
-    order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
-             if self.shuffle else np.arange(self.num_examples))
+    order = epoch_order(self.seed, epoch, self.num_examples, self.shuffle)
     full = order[:self.batches_per_epoch * self.batch_size].reshape(self.batches_per_epoch, self.batch_size)
     start = self.process_index * self.local
     return full[:, start:start + self.local]
@@ -283,16 +284,9 @@ class TfTokenizedBatches:
     return {'input_ids': out['input_ids'].astype(np.int32),
             'attention_mask': out['attention_mask'].astype(np.int32), 'index': out['index']}
 
-  def get_state(self) -> dict:
-    return {'epoch': self.epoch, 'batch': self.batch, 'seed': self.seed,
-            'num_examples': self.num_examples, 'batch_size': self.batch_size}
-
   def set_state(self, state: Mapping[str, Any]) -> None:
-    for key in ('seed', 'num_examples', 'batch_size'):
-      if key in state and state[key] != getattr(self, key):
-        raise ValueError(f'iterator state was saved with {key}={state[key]}, '
-                         f'this iterator has {getattr(self, key)}')
-    self.epoch, self.batch, self._stream = int(state['epoch']), int(state['batch']), None
+    super().set_state(state)
+    self._stream = None
 
 
 __all__ = ['TfSentencePiece', 'TfTokenizedBatches', 'TfWordPiece', 'load_tf_tokenizer']

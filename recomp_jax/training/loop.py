@@ -447,7 +447,36 @@ class ResumableIterator(Protocol):
   def set_state(self, state: Mapping[str, Any]) -> None: ...
 
 
-class ArrayIterator:
+def epoch_order(seed: int, epoch: int, num_examples: int, shuffle: bool = True) -> np.ndarray:
+  """``[num_examples]``: the order examples are read in ``epoch`` (same on every process)."""
+  if not shuffle:
+    return np.arange(num_examples)
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+class EpochBatchPosition:
+  """The saved position ``(epoch, batch)`` of an iterator with ``seed``, ``num_examples`` and
+  ``batch_size``; restoring checks that these three match."""
+
+  epoch: int
+  batch: int
+  seed: int
+  num_examples: int
+  batch_size: int
+
+  def get_state(self) -> dict:
+    return {'epoch': self.epoch, 'batch': self.batch, 'seed': self.seed,
+            'num_examples': self.num_examples, 'batch_size': self.batch_size}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    for key in ('seed', 'num_examples', 'batch_size'):
+      if key in state and state[key] != getattr(self, key):
+        raise ValueError(f'iterator state was saved with {key}={state[key]}, '
+                         f'this iterator has {getattr(self, key)}')
+    self.epoch, self.batch = int(state['epoch']), int(state['batch'])
+
+
+class ArrayIterator(EpochBatchPosition):
   """Deterministic, epoch-shuffled minibatches over in-memory arrays; resumable.
 
   Epoch ``e`` visits the examples in the order
@@ -499,8 +528,7 @@ class ArrayIterator:
 
   def _epoch_order(self) -> np.ndarray:
     if self._order_epoch != self.epoch:
-      self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_examples)
-                     if self.shuffle else np.arange(self.num_examples))
+      self._order = epoch_order(self.seed, self.epoch, self.num_examples, self.shuffle)
       self._order_epoch = self.epoch
     return self._order
 
@@ -518,16 +546,6 @@ class ArrayIterator:
     out = {k: v[local] for k, v in self.arrays.items()}
     return out['x'] if self._single else out
 
-  def get_state(self) -> dict:
-    return {'epoch': self.epoch, 'batch': self.batch, 'seed': self.seed,
-            'num_examples': self.num_examples, 'batch_size': self.batch_size}
-
-  def set_state(self, state: Mapping[str, Any]) -> None:
-    for key in ('seed', 'num_examples', 'batch_size'):
-      if key in state and state[key] != getattr(self, key):
-        raise ValueError(f'iterator state was saved with {key}={state[key]}, '
-                         f'this iterator has {getattr(self, key)}')
-    self.epoch, self.batch = int(state['epoch']), int(state['batch'])
 
 
 # --------------------------------------------------------------------------- preemption
