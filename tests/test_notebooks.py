@@ -16,11 +16,19 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / 'notebooks').glob('*.ipynb'))
 PARAMETERS = {
     'quickstart.ipynb': {'PRESET': 'ci', 'SHOW_TENSORBOARD': False, 'INSTALL': True},
+    'abstractive.ipynb': {'PRESET': 'ci', 'INSTALL': True},
+}
+# What each executed notebook must have printed, and the files it must have written.
+EXPECTED = {
+    'quickstart.ipynb': (['trained compressor: EM', 'max |JAX - transformers|'],
+                         ['results.json', 'exported_encoder/config.json']),
+    'abstractive.ipynb': (['serving [\'teacher\']', 'trained compressor: EM', 'server stopped'],
+                          ['results.json', 'stages/teacher/DONE.json']),
 }
 
 
 def test_every_notebook_has_ci_parameters():
-  assert [p.name for p in NOTEBOOKS] == sorted(PARAMETERS)
+  assert [p.name for p in NOTEBOOKS] == sorted(PARAMETERS) == sorted(EXPECTED)
   for path in NOTEBOOKS:
     cells = json.loads(path.read_text())['cells']
     tagged = [c for c in cells if 'parameters' in c.get('metadata', {}).get('tags', [])]
@@ -41,7 +49,10 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
                              kernel_name='python3', progress_bar=False, execution_timeout=1500)
   executed = json.loads(output.read_text())
   text = ''.join(''.join(o.get('text', '')) for c in executed['cells'] for o in c.get('outputs', []))
-  assert 'trained compressor: EM' in text and 'max |JAX - transformers|' in text
+  printed, written = EXPECTED[path.name]
+  for line in printed:
+    assert line in text, (path.name, line)
+  for name in written:
+    assert (workdir / name).exists(), (path.name, name)
   results = json.loads((workdir / 'results.json').read_text())
   assert results['preset'] == 'ci' and {r['key'] for r in results['rows']} >= {'trained', 'top1'}
-  assert (workdir / 'exported_encoder' / 'config.json').exists()
