@@ -2,6 +2,7 @@
 targets, which become the empty summary, which examples are dropped."""
 
 import numpy as np
+import pytest
 
 from recomp_jax.compressors import abstractive
 from recomp_jax.data.schema import FilterReport
@@ -31,7 +32,9 @@ class LastWordReader:
 
   def loglik(self, prefix, suffixes, targets):
     self.calls.append(('ll', len(suffixes)))
-    return np.array([-float(len(s)) for s in suffixes])  # shorter evidence = more likely
+    # Shorter evidence = more likely; evidence naming the answer = much more likely.
+    return np.array([-float(len(s)) + (100.0 if t.strip() in s else 0.0)
+                     for s, t in zip(suffixes, targets)])
 
 
 def test_qa_decision_follows_figure_7():
@@ -64,6 +67,28 @@ def test_critic_qa_targets_samples_and_report():
   assert reader.calls == [('em', 5 + 6), ('ll', 3)]  # one batched EM call; LL only where samples compete
   assert abstractive.table5(targets) == {'n': 5, 'filtered_percent': 40.0,
                                          'empty_percent': 100.0 / 3, 'kept': 3}
+
+
+def test_critic_qa_can_decide_both_wrong_examples_by_log_likelihood():
+  """``both_wrong='loglik'``: the example the paper drops is kept when the summary makes the gold
+  answer likelier than no retrieval, and becomes the empty target when it makes it less likely."""
+  questions = ['capital of italy', 'capital of spain', 'capital of france']
+  answers = [['Rome'], ['Madrid'], ['Paris']]
+  summaries = [['Near Rome lies Milan.'], ['Toledo.'], ['It is Paris.']]
+  reader = LastWordReader()
+  paper = abstractive.critic_qa(reader, questions, answers, summaries)
+  assert [t.decision for t in paper] == ['filtered', 'filtered', 'summary']
+  reader = LastWordReader()
+  report = FilterReport('critic')
+  relaxed = abstractive.critic_qa(reader, questions, answers, summaries, both_wrong='loglik',
+                                  report=report)
+  # Rome is named in its summary (likelier than no retrieval); Madrid is not in 'Toledo.'.
+  assert [t.decision for t in relaxed] == ['summary', 'empty', 'summary']
+  assert [t.text for t in relaxed] == ['Near Rome lies Milan.', '', 'It is Paris.']
+  assert report.kept == 3 and not report.dropped
+  assert reader.calls[-1] == ('ll', 4)  # one batched call: 2 with summary + 2 without
+  with pytest.raises(ValueError, match='both_wrong must be one of'):
+    abstractive.critic_qa(reader, questions, answers, summaries, both_wrong='keep')
 
 
 def test_selective_augmentation_f1_counts_empty_as_the_positive_class():

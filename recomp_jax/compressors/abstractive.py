@@ -9,6 +9,10 @@ The compressor is distilled from a teacher LLM's query-focused summaries
   ``vs < vd`` (selective augmentation: prepend nothing). The paper also "filters out
   examples where prepending the summary does not lead to performance improvement"; an
   example where both are wrong gives no signal either way, so it is dropped (counted).
+  Beyond the paper, ``both_wrong='loglik'`` decides those examples by the reader's
+  log-likelihood of the first gold answer instead (summary if it is not below no retrieval,
+  else empty): with a weak reader (the 270M Gemma answers most NQ questions wrongly either
+  way) the paper's rule leaves almost no training targets.
 * LM (Fig. 3): the best of several prompts' summaries by the reader's score of the
   continuation, or the empty summary if it is worse than no retrieval.
 
@@ -79,9 +83,13 @@ class Target:
   none_em: float
 
 
+BOTH_WRONG = ('drop', 'loglik')
+
+
 def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]],
               summaries: Sequence[Sequence[str | None]], *,
-              report: FilterReport | None = None, ids: Sequence[str] | None = None) -> list[Target]:
+              report: FilterReport | None = None, ids: Sequence[str] | None = None,
+              both_wrong: str = 'drop') -> list[Target]:
   """Fig. 7 over a batch: the reader answers with each summary and with none.
 
   Args:
@@ -90,6 +98,9 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
     summaries: per example, the teacher's samples (None = that sample failed).
     report: counts of dropped examples by reason (``teacher_failed``, ``both_wrong``).
     ids: example ids for the report (default: positions).
+    both_wrong: ``'drop'`` (the paper) or ``'loglik'``: when the reader is wrong with the
+      summary and without retrieval, keep the summary if the gold answer's log-likelihood
+      with it is not below that without retrieval, else the empty summary.
   Returns:
     one :class:`Target` per example, in order.
   """
@@ -118,6 +129,19 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   for k, (i, _, _) in enumerate(rows):
     if i not in best or (summary_em[k], loglik[k]) > (summary_em[best[i]], loglik[best[i]]):
       best[i] = k
+  by_loglik: dict[int, str] = {}
+  if both_wrong == 'loglik':
+    undecided = [i for i, k in best.items() if summary_em[k] == 0 and none_em[i] == 0]
+    if undecided:
+      prefix = len(prompts.FEW_SHOT_PREFIX)
+      values = np.asarray(reader.loglik(
+          prompts.FEW_SHOT_PREFIX,
+          [rows[best[i]][2][prefix:] for i in undecided] + [none_prompts[i][prefix:] for i in undecided],
+          [prompts.answer_target(answers[i][0]) for i in undecided] * 2), np.float64)
+      for i, with_summary, without in zip(undecided, values[:len(undecided)], values[len(undecided):]):
+        by_loglik[i] = KEEP if with_summary >= without else EMPTY
+  elif both_wrong != 'drop':
+    raise ValueError(f'both_wrong must be one of {BOTH_WRONG}, got {both_wrong!r}')
   targets = []
   for i in range(len(questions)):
     if i not in best:
@@ -125,7 +149,7 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
       targets.append(Target(FILTERED, '', -1, 0.0, float(none_em[i])))
       continue
     k = best[i]
-    decision = qa_decision(float(summary_em[k]), float(none_em[i]))
+    decision = by_loglik.get(i) or qa_decision(float(summary_em[k]), float(none_em[i]))
     if decision == FILTERED:
       report.drop('both_wrong', ids[i])
     else:
@@ -228,5 +252,5 @@ def table5(targets: Sequence[Target]) -> dict:
 
 
 __all__ = ['COMPRESSOR_PROMPT', 'EMPTY', 'FILTERED', 'KEEP', 'STOPWORDS', 'Target', 'compressor_prompt',
-           'content_words', 'critic_lm', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
+           'BOTH_WRONG', 'content_words', 'critic_lm', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
            'oracle_choice', 'qa_decision', 'selective_augmentation_f1', 'table5']

@@ -196,8 +196,9 @@ def load_teacher(directory: str, split: str) -> dict[str, list[str | None]]:
 
 
 def critic_split(reader, examples: Sequence[Example], samples: dict[str, list[str | None]], out_path: str,
-                 report: FilterReport, *, chunk: int = 64) -> dict[str, dict]:
-  """Fig. 7 targets for ``examples`` appended to ``out_path`` (resumes where it stopped)."""
+                 report: FilterReport, *, chunk: int = 64, both_wrong: str = 'drop') -> dict[str, dict]:
+  """Fig. 7 targets for ``examples`` appended to ``out_path`` (resumes where it stopped);
+  ``both_wrong`` as :func:`recomp_jax.compressors.abstractive.critic_qa`."""
   out = ResumableJsonl(out_path)
   todo = [e for e in examples if e.id not in out]
   from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
@@ -206,7 +207,7 @@ def critic_split(reader, examples: Sequence[Example], samples: dict[str, list[st
     for part in batched(todo, chunk):
       targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
                                       [samples[e.id] for e in part], ids=[e.id for e in part],
-                                      report=FilterReport('chunk'))
+                                      report=FilterReport('chunk'), both_wrong=both_wrong)
       for e, target in zip(part, targets):
         out.append({'id': e.id, 'decision': target.decision, 'text': target.text, 'sample': target.sample,
                     'summary_em': target.summary_em, 'none_em': target.none_em,
@@ -233,7 +234,8 @@ def stage_critic(config, ctx: Context, teacher_dir: str, directory: str) -> dict
   for split in ('train', 'dev'):
     report = FilterReport(f'critic/{split}')
     records = critic_split(ctx.resources.reader, ctx.examples(split), load_teacher(teacher_dir, split),
-                           os.path.join(directory, f'{split}.jsonl'), report)
+                           os.path.join(directory, f'{split}.jsonl'), report,
+                           both_wrong=config.critic.both_wrong)
     report.save(os.path.join(directory, f'{split}_report.json'))
     summary[split] = {**abstractive.table5(_targets(records)), 'report': report.to_dict()}
     logging.info('critic %s: %s', split, summary[split])
@@ -363,6 +365,9 @@ class AbstractiveSystem(System):
       raise shared.PipelineError(f"teacher.api must be 'chat' or 'completions', got {config.teacher.api!r}")
     if config.teacher.samples < 1:
       raise shared.PipelineError('teacher.samples must be at least 1')
+    if config.critic.both_wrong not in abstractive.BOTH_WRONG:
+      raise shared.PipelineError(f'critic.both_wrong must be one of {abstractive.BOTH_WRONG}, '
+                                 f'got {config.critic.both_wrong!r}')
     teacher_template(config)
 
   def _teacher_inputs(self, config) -> dict:
@@ -386,7 +391,10 @@ class AbstractiveSystem(System):
     if not shared.trains(config):
       return ('teacher',)
     teacher_dir = ctx.stage_dir('teacher')
-    ctx.summaries['critic'] = runner.run('critic', reader_inputs(config),
+    critic_inputs = reader_inputs(config)
+    if config.critic.both_wrong != 'drop':  # the paper's rule keeps the fingerprint of earlier runs
+      critic_inputs['both_wrong'] = config.critic.both_wrong
+    ctx.summaries['critic'] = runner.run('critic', critic_inputs,
                                          lambda d: stage_critic(config, ctx, teacher_dir, d),
                                          deps=('teacher',), code=CRITIC_CODE, resumable=True)
     cfg = config.to_dict()

@@ -164,6 +164,10 @@ def abstractive_config() -> ml_collections.ConfigDict:
   c.teacher.price_input_per_million = 0.0  # USD; 0 = cost not reported
   c.teacher.price_output_per_million = 0.0
   c.teacher.server_max_batch = 16  # our own server's generation batch
+  c.critic = ml_collections.ConfigDict()
+  # Fig. 7 drops examples the reader gets wrong with the summary and without retrieval ('drop');
+  # beyond the paper, 'loglik' decides them by the gold answer's log-likelihood (weak readers).
+  c.critic.both_wrong = 'drop'
 
   c.compressor = ml_collections.ConfigDict()
   # '' = Gemma 3 270M from PyPI, decoder-only with the prompt masked out of the loss; a T5
