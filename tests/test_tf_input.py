@@ -172,3 +172,20 @@ def test_extractive_training_arrays_are_the_same_with_either_tokenizer(minilm, s
   config.encoder.tokenizer_backend = 'sentencepiece'
   with pytest.raises(Exception, match="tokenizer_backend must be 'hf' or 'tf'"):
     pipeline._training_tokenizer(config, base)
+
+
+def test_training_summaries_do_not_load_tensorflow(tmp_path):
+  """With the [tf] extra installed, TensorBoard's writer would import all of TensorFlow into every
+  training process (it prefers the real TF over its stub); ours keeps the stub."""
+  import subprocess
+  import sys
+  code = ('import sys\n'
+          'from recomp_jax.training import summaries\n'
+          f'w = summaries.MetricWriter({str(tmp_path)!r}, enabled=True)\n'
+          'w.write_scalars(2, {"loss": 0.5}); w.close()\n'
+          f'assert summaries.read_scalars({str(tmp_path)!r}) == {{"loss": [(2, 0.5)]}}\n'
+          'print("tensorflow" in sys.modules)\n')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == 'False'

@@ -10,12 +10,26 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
+import types
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+
+def _tensorboard_without_tensorflow() -> None:
+  """Makes TensorBoard use its own TF stub even when TensorFlow is installed (the ``[tf]`` extra).
+
+  TensorBoard's event writer resolves ``tensorboard.compat.tf`` to the real TensorFlow when
+  it can be imported, which loads ~1 GB and TensorFlow's thread pools into every training
+  process. An importable ``tensorboard.compat.notf`` is TensorBoard's own switch for the stub.
+  A process that already imported TensorFlow keeps it.
+  """
+  if 'tensorflow' not in sys.modules:
+    sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
 
 
 class MetricWriter:
@@ -31,7 +45,8 @@ class MetricWriter:
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._writer = None
     if self.enabled:
-      from tensorboard.summary import Writer  # numpy-only event writer, no TF import
+      _tensorboard_without_tensorflow()
+      from tensorboard.summary import Writer  # numpy-only event writer
       os.makedirs(self.logdir, exist_ok=True)
       self._writer = Writer(self.logdir)
 
@@ -85,6 +100,7 @@ class MeanAccumulator:
 
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
   """``tag -> [(step, value), ...]`` from the event files in ``logdir`` (for tests and notebooks)."""
+  _tensorboard_without_tensorflow()
   from tensorboard.backend.event_processing import event_accumulator
   accumulator = event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance={'tensors': 0})
   accumulator.Reload()
