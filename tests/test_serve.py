@@ -203,3 +203,33 @@ def test_teacher_pipeline_against_our_server_caches_every_answer(server, tmp_pat
   assert [[c.text for c in row] for row in again] == texts
   assert httpx.get(server[0] + '/health').json()['batches_run'] == batches  # nothing re-sent
   assert second.accounting.cached == sum(t is not None for row in texts for t in row)
+
+
+def test_server_children_die_with_their_parent(tmp_path):
+  """LocalServer's child gets SIGTERM when its parent is SIGKILLed (no orphaned server)."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  code = ('import subprocess, sys, time\n'
+          'from recomp_jax.serving.launch import _die_with_parent\n'
+          'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], '
+          'preexec_fn=_die_with_parent)\n'
+          'print(child.pid, flush=True)\n'
+          'time.sleep(120)\n')
+  parent = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  child_pid = int(parent.stdout.readline())
+  parent.send_signal(signal.SIGKILL)
+  parent.wait()
+  deadline = time.time() + 10
+  while time.time() < deadline:
+    try:
+      with open(f'/proc/{child_pid}/stat') as f:
+        if f.read().split(')')[-1].split()[0] == 'Z':
+          break  # exited, waiting for init to reap it
+    except FileNotFoundError:
+      break
+    time.sleep(0.1)
+  else:
+    os.kill(child_pid, signal.SIGKILL)
+    raise AssertionError('the child outlived its SIGKILLed parent')

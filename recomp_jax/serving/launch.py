@@ -26,6 +26,16 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+  """In the child, before exec: on Linux, SIGTERM when the parent dies (even by SIGKILL), so a
+  killed pipeline or notebook kernel leaves no server holding gigabytes behind."""
+  if sys.platform.startswith('linux'):
+    import ctypes  # pylint: disable=import-outside-toplevel
+    import signal  # pylint: disable=import-outside-toplevel
+    pr_set_pdeathsig = 1
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class ServerStartError(RuntimeError):
   """The server process exited or did not answer ``/health`` in time (names its log)."""
 
@@ -70,7 +80,7 @@ class LocalServer:
                f'--model-id={self.model_id}', f'--port={self.port}', *self.args]
     self._log = open(self.log_path, 'w')
     self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=self._log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + self.startup_timeout_s
     while time.monotonic() < deadline:
       if self.process.poll() is not None:
