@@ -184,6 +184,29 @@ def help_text() -> str:
 # ----------------------------------------------------------------------------- main
 
 
+def _batch_size_fields(config, prefix: str = 'config') -> dict[str, int]:
+  """Every ``batch_size`` field of a nested config (``{'config.train.batch_size': 64, ...}``):
+  global training batch sizes, of which each process feeds ``batch_size / process_count`` rows."""
+  fields = {}
+  for key, value in config.items():
+    if key == 'batch_size' and isinstance(value, int):
+      fields[f'{prefix}.{key}'] = value
+    elif hasattr(value, 'items'):
+      fields.update(_batch_size_fields(value, f'{prefix}.{key}'))
+  return fields
+
+
+def _check_process_count_divides_batches(config) -> None:
+  """Raises :class:`UserError` at start-up when the processes cannot split a training batch."""
+  import jax  # pylint: disable=import-outside-toplevel
+  count = jax.process_count()
+  wrong = {f: v for f, v in _batch_size_fields(config).items() if v % count}
+  if wrong:
+    raise UserError(f'{count} processes cannot split the global batch: '
+                    + ', '.join(f'{f}={v}' for f, v in wrong.items())
+                    + f' (each must be a multiple of {count})')
+
+
 def main(argv):
   del argv
   if flags.FLAGS.verbosity < 1:
@@ -194,17 +217,10 @@ def main(argv):
   workdir = flags.FLAGS.workdir or config.get('workdir') or os.path.join('workdirs', config.system)
   from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   sharding.maybe_initialize_distributed()
-  import jax  # pylint: disable=import-outside-toplevel
-  if jax.process_count() > 1:
-    wrong = {f: v for f, v in sharding.batch_size_fields(config).items() if v % jax.process_count()}
-    if wrong:
-      print(f'error: {jax.process_count()} processes cannot split the global batch: '
-            + ', '.join(f'{f}={v}' for f, v in wrong.items())
-            + f' (each must be a multiple of {jax.process_count()})', file=sys.stderr, flush=True)
-      sys.exit(2)
   from recomp_jax import allocator  # pylint: disable=import-outside-toplevel
   logging.info('system %s, workdir %s, %s', config.system, workdir, allocator.describe())
   try:
+    _check_process_count_divides_batches(config)
     from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
     runner.run(config, workdir)
   except _user_errors() as e:

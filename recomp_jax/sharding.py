@@ -307,7 +307,6 @@ def maybe_initialize_distributed() -> bool:
 
   Must run before any JAX computation. Returns True if this call initialised
   the distributed runtime (False on a single process or when already done).
-  Cluster detection (coordinator, process id) is left to JAX.
   """
   if jax.distributed.is_initialized() or _configured_process_count() <= 1:
     return False
@@ -322,20 +321,6 @@ def maybe_initialize_distributed() -> bool:
     jax.distributed.initialize()
   return True
 
-
-def batch_size_fields(config: Any, prefix: str = 'config') -> dict[str, int]:
-  """Every ``batch_size`` field of a nested config (``{'config.train.batch_size': 64, ...}``).
-
-  These are global training batch sizes: each process feeds ``batch_size / process_count`` rows.
-  """
-  fields = {}
-  items = config.items() if hasattr(config, 'items') else ()
-  for key, value in items:
-    if key == 'batch_size' and isinstance(value, int):
-      fields[f'{prefix}.{key}'] = value
-    elif hasattr(value, 'items'):
-      fields.update(batch_size_fields(value, f'{prefix}.{key}'))
-  return fields
 
 
 def is_main_process() -> bool:

@@ -56,17 +56,20 @@ def _read_json(path: str) -> dict:
 
 
 class _InGraphTokenizer:
-  """Shared ``__call__`` (Hugging Face's calling convention) over :meth:`ids` (a RaggedTensor)."""
+  """Shared ``__call__`` (Hugging Face's calling convention) over :meth:`ragged`."""
 
   pad_token_id: int = 0
   model_max_length: int = 512
 
-  def ids(self, texts):  # pragma: no cover - defined by subclasses
-    raise NotImplementedError
-
   def ragged(self, texts, max_length: int | None):
     """``[B, (T)]`` int32 token ids with the model's special tokens, at most ``max_length``."""
     raise NotImplementedError
+
+  def padded(self, ragged, width: int | None):
+    """``(input_ids, attention_mask)`` ``[B, width]`` tensors (``width=None``: the longest row)."""
+    tf, _ = _tf()
+    return (ragged.to_tensor(default_value=self.pad_token_id, shape=[None, width]),
+            tf.ones_like(ragged).to_tensor(default_value=0, shape=[None, width]))
 
   def __call__(self, texts: Sequence[str] | str, *, padding: bool | str = 'longest',
                truncation: bool = True, max_length: int | None = None, return_tensors: str = 'np',
@@ -90,9 +93,8 @@ class _InGraphTokenizer:
       width = max_length
     else:
       width = None
-    ids = ragged.to_tensor(default_value=self.pad_token_id, shape=[None, width]).numpy()
-    mask = tf.ones_like(ragged).to_tensor(default_value=0, shape=[None, width]).numpy()
-    return {'input_ids': ids.astype(np.int32), 'attention_mask': mask.astype(np.int32)}
+    ids, mask = self.padded(ragged, width)
+    return {'input_ids': ids.numpy().astype(np.int32), 'attention_mask': mask.numpy().astype(np.int32)}
 
 
 class TfWordPiece(_InGraphTokenizer):
@@ -262,10 +264,8 @@ class TfTokenizedBatches(EpochBatchPosition):
     tokenizer, length = self.tokenizer, self.max_length
 
     def tokenize(index):
-      ragged = tokenizer.ragged(tf.gather(texts, index), length)
-      return {'input_ids': ragged.to_tensor(tokenizer.pad_token_id, shape=[None, length]),
-              'attention_mask': tf.ones_like(ragged).to_tensor(0, shape=[None, length]),
-              'index': index}
+      ids, mask = tokenizer.padded(tokenizer.ragged(tf.gather(texts, index), length), length)
+      return {'input_ids': ids, 'attention_mask': mask, 'index': index}
 
     return (tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
             .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

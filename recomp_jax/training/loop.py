@@ -547,7 +547,6 @@ class ArrayIterator(EpochBatchPosition):
     return out['x'] if self._single else out
 
 
-
 # --------------------------------------------------------------------------- preemption
 
 
