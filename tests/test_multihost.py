@@ -192,3 +192,13 @@ def test_main_refuses_a_batch_the_processes_cannot_split(tmp_path):
     assert ('3 processes cannot split the global batch: config.train.batch_size=8 '
             '(each must be a multiple of 3)') in output
   assert not os.path.exists(tmp_path / 'work' / 'stages')
+
+
+def test_only_process_zero_writes_the_results(tmp_path, monkeypatch):
+  """On any process but 0 the results step writes nothing (not results.json, predictions,
+  results.md nor TensorBoard) and returns None; the system and context are not even read."""
+  from recomp_jax import sharding
+  from recomp_jax.pipelines import runner
+  monkeypatch.setattr(sharding, 'is_main_process', lambda: False)
+  assert runner.write_results(None, None, str(tmp_path), []) is None
+  assert list(tmp_path.iterdir()) == []

@@ -64,8 +64,9 @@ def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
           'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
 
 
-def run(config, workdir: str) -> dict:
-  """Runs (or resumes) the whole pipeline of ``config.system``; writes and returns the results."""
+def run(config, workdir: str) -> dict | None:
+  """Runs (or resumes) the whole pipeline of ``config.system``; writes and returns the results
+  (process 0 only: :func:`write_results`)."""
   system = get_system(config.system)
   system.validate(config)
   os.makedirs(workdir, exist_ok=True)
@@ -100,10 +101,15 @@ def _recall_table(config, summaries: dict) -> list[dict]:
            'rows': table_rows}]
 
 
-def write_results(system: System, ctx: Context, workdir: str, data_files: Sequence[str]) -> dict:
-  """Writes ``results.json`` (schema of ``../shared/specs/results_schema.md``), ``predictions.jsonl``
-  and ``results.md`` into ``workdir``; returns the results dict."""
+def write_results(system: System, ctx: Context, workdir: str, data_files: Sequence[str]) -> dict | None:
+  """Writes ``results.json`` (schema of ``../shared/specs/results_schema.md``), ``predictions.jsonl``,
+  ``results.md`` and the TensorBoard results (scalars and the table as text) into ``workdir``;
+  returns the results dict. In a multi-process run only process 0 writes and returns them
+  (the others return None): every process holds the same evaluation records."""
   from recomp_jax import provenance  # pylint: disable=import-outside-toplevel
+  from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
+  if not sharding.is_main_process():
+    return None
   from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.stages import ResumableJsonl  # pylint: disable=import-outside-toplevel
   config, summaries = ctx.config, ctx.summaries
@@ -151,6 +157,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   for r in rows:
     writer.write_scalars(0, {f"results/{r['key']}/em": r['em'], f"results/{r['key']}/f1": r['f1'],
                              f"results/{r['key']}/tokens": r['tokens']})
+  writer.write_text(0, {'results/table': text})
   writer.close()
   print(text, flush=True)
   print(f'results: {os.path.join(workdir, "results.json")} (table: {os.path.join(workdir, "results.md")}, '
