@@ -49,6 +49,7 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
     c.train.eval_every = 10 if preset == 'demo' else 2
     c.train.checkpoint_every = 10 if preset == 'demo' else 2
     c.train.log_every = 5
+    c.train.eval_qa_examples = 16 if preset == 'demo' else 4
     c.eval.oracle_em_max_candidates = 5  # bounds the EM-oracle generations of the smoke test
     if preset == 'demo':  # the random-sentence, BoW and NE baselines run in :shared, not here
       c.eval.rows = ('none', 'top1', 'top5', 'lead', 'bm25_sentence', 'offtheshelf_sentence',

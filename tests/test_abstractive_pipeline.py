@@ -19,6 +19,7 @@ from recomp_jax.models import t5  # noqa: E402
 from recomp_jax.pipelines import abstractive as pipeline  # noqa: E402
 from recomp_jax.pipelines import runner as pipeline_runner  # noqa: E402
 from recomp_jax.pretrained import Pretrained, export_pretrained  # noqa: E402
+from recomp_jax.training.summaries import read_scalars  # noqa: E402
 from tests.tiny_models import char_tokenizer  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +80,10 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   train = results['stages']['train_seed0']
   assert train['steps'] == 2 and train['examples'] == len(kept) and train['best'] is not None
   assert os.path.exists(workdir / 'stages' / 'train_seed0' / 'compressor_best' / 'config.json')
+  # TensorBoard: the reader's EM / F1 with the compressor's dev summaries at each evaluation.
+  scalars = read_scalars(workdir / 'stages' / 'train_seed0' / 'tensorboard')
+  assert [step for step, _ in scalars['eval/qa_em']] == [2] == [step for step, _ in scalars['eval/loss']]
+  assert 0 <= scalars['eval/qa_f1'][0][1] <= 100 and scalars['eval/qa_evidence_tokens'][0][1] >= 0
   # The oracle row prepends a teacher summary exactly where the oracle file says so.
   oracle = {json.loads(line)['id']: json.loads(line) for line in open(workdir / 'stages' / 'evaluate' / 'oracle.jsonl')}
   predictions = [json.loads(line) for line in open(workdir / 'predictions.jsonl')]
@@ -98,6 +103,8 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   t5_results = pipeline_runner.run(t5_config, t5_config.workdir)
   assert t5_results['stage_seconds']['teacher'] == 0 and t5_results['stage_seconds']['critic'] == 0
   assert t5_results['stages']['train_seed0']['steps'] == 3
+  t5_scalars = read_scalars(os.path.join(t5_config.workdir, 'stages', 'train_seed0', 'tensorboard'))
+  assert [step for step, _ in t5_scalars['eval/qa_em']][-2:] == [2, 3]
   best = os.path.join(t5_config.workdir, 'stages', 'train_seed0', 'compressor_best')
   assert json.load(open(os.path.join(best, 'config.json')))['model_type'] == 't5'
   t5_rows = {r['key']: r for r in t5_results['rows']}

@@ -231,3 +231,43 @@ def test_random_sentence_seeded():
   draws = baselines.random_sentences([['a', 'b', 'c', 'd']] * 4000, seed=7)
   counts = np.array([draws.count(x) for x in 'abcd'])
   assert np.all(np.abs(counts - 1000) < 120)
+
+
+# ----------------------------------------------------------------------------- the training probe
+
+
+class _EchoReader:
+  """A reader stand-in for the probe's bookkeeping: answers the prompt's last evidence word."""
+
+  def __init__(self):
+    self.calls = []
+
+  def answer(self, prompt_texts):
+    self.calls.append(list(prompt_texts))
+    return [p.split('\n\n')[-2].split()[-1] if '\n\n' in p[len(prompts.FEW_SHOT_PREFIX):] else 'none'
+            for p in prompt_texts]
+
+  def count_tokens(self, text):
+    return len(text.split())
+
+
+def test_qa_probe_scores_memoises_and_checks_lengths():
+  from recomp_jax.data.schema import Example
+  from recomp_jax.evaluation.probe import QaProbe, probe_examples
+  examples = probe_examples([Example('a', 'who?', ['Paris']), Example('b', 'what?', ['blue sky']),
+                             Example('c', 'ignored', ['x'])], 2)
+  assert [e.id for e in examples] == ['a', 'b']
+  reader = _EchoReader()
+  made = []
+  probe = QaProbe(lambda: made.append(1) or reader, examples)
+  assert not made  # the reader is loaded at the first evaluation, not before
+  first = probe(['it is Paris', 'the sky'])
+  assert first['qa_em'] == 50.0 and first['qa_f1'] == pytest.approx(100 * (1 + 2 / 3) / 2)
+  assert first['qa_evidence_tokens'] == 2.5 and probe.generated == 2
+  second = probe(['it is Paris', 'blue'])  # one prompt unchanged: one generation
+  assert probe.generated == 3 and len(reader.calls[-1]) == 1 and made == [1]
+  assert second['qa_em'] == 50.0 and second['qa_f1'] == pytest.approx(100 * (1 + 2 / 3) / 2)
+  assert probe(['', 'Paris'])['qa_em'] == 0.0  # '' is the no-evidence prompt
+  with pytest.raises(ValueError, match='3 evidence texts for 2 probe questions'):
+    probe(['a', 'b', 'c'])
+  assert len(QaProbe(reader, probe_examples(examples, 0))) == 0

@@ -192,6 +192,15 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'encoder_best'))
   train = json.load(open(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0
+  # TensorBoard: the reader's EM / F1 on the dev probe at every evaluation, and the results table.
+  from recomp_jax.training.summaries import read_scalars, read_text
+  scalars = read_scalars(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'tensorboard'))
+  for tag in ('eval/qa_em', 'eval/qa_f1', 'eval/qa_evidence_tokens', 'eval/top1_loglik'):
+    assert [step for step, _ in scalars[tag]] == [2, 4], tag
+  assert all(0 <= v <= 100 for tag in ('eval/qa_em', 'eval/qa_f1') for _, v in scalars[tag])
+  assert all(v > 0 for _, v in scalars['eval/qa_evidence_tokens'])
+  table = read_text(os.path.join(config.workdir, 'tensorboard', 'results'))['results/table']
+  assert table == [(0, open(os.path.join(config.workdir, 'results.md')).read())]
   candidates = json.load(open(os.path.join(config.workdir, 'stages', 'candidates', 'DONE.json')))['summary']
   assert candidates['train']['cap'] == 20 and candidates['test']['cap'] == 0
   # A rerun skips every stage and reproduces the table.
@@ -334,6 +343,24 @@ def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
   assert rows['oracle_ll']['em'] > rows['none']['em']
   assert rows['oracle_em']['em'] >= rows['oracle_ll']['em']
   assert rows['trained']['tokens'] < 0.2 * rows['top5']['tokens']
+  # The TensorBoard probe at the best step is the real reader's EM / F1 on the first dev
+  # questions with the exported best encoder's top sentence (recomputed here).
+  from recomp_jax.compressors import extractive
+  from recomp_jax.pipelines import shared
+  from recomp_jax.reader.prompts import build_prompt
+  from recomp_jax.training.summaries import read_scalars
+  train_dir = os.path.join(config.workdir, 'stages', 'train_contrastive_seed0')
+  best = json.load(open(os.path.join(train_dir, 'best.json')))
+  scalars = {tag: dict(v) for tag, v in read_scalars(os.path.join(train_dir, 'tensorboard')).items()}
+  models = shared.Resources(config)
+  dev = shared.read_examples(os.path.join(config.workdir, 'stages', 'retrieve', 'dev.jsonl'))[:4]
+  dev_candidates = shared.load_candidates(os.path.join(config.workdir, 'stages', 'candidates'), 'dev')
+  evidence = extractive.compress(models.encoder(os.path.join(train_dir, 'encoder_best')),
+                                 [e.question for e in dev], [dev_candidates[e.id] for e in dev])
+  expected = models.reader.exact_match([build_prompt(e.question, ev) for e, ev in zip(dev, evidence)],
+                                       [e.answers for e in dev])
+  assert scalars['eval/qa_em'][best['step']] == pytest.approx(expected['em'], abs=1e-4)
+  assert scalars['eval/qa_f1'][best['step']] == pytest.approx(expected['f1'], abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- changed and damaged inputs

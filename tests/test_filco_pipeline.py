@@ -8,6 +8,7 @@ import pytest
 
 from recomp_jax.evaluation import qa_metrics, report
 from recomp_jax.pipelines import runner as pipeline_runner
+from recomp_jax.training.summaries import read_scalars
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,6 +58,13 @@ def test_ci_pipeline_end_to_end(tmp_path):
   for name in ('filter_seed0', 'psg_seed0', 'generator_full_seed0', 'generator_psg_seed0', 'generator_filco_seed0'):
     assert results['stages'][name]['steps'] == 1, name
     assert os.path.exists(stages / name / 'model_best' / 'config.json'), name
+    # TensorBoard: reader EM / F1 on the dev probe (filter: the run's reader on its context;
+    # generators: their own answers); the PSG model's yes/no has no probe of its own.
+    scalars = read_scalars(stages / name / 'tensorboard')
+    if name == 'psg_seed0':
+      assert 'eval/qa_em' not in scalars and 'eval/loss' in scalars
+    else:
+      assert [step for step, _ in scalars['eval/qa_em']] == [1] and 0 <= scalars['eval/qa_f1'][0][1] <= 100, name
 
   # FILCO reads the filter model's own predictions (not the silver context); SILVER reads the silver context.
   predicted = {r['id']: r['context'] for r in _jsonl(stages / 'evaluate' / 'filter_seed0.jsonl')}

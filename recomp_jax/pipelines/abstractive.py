@@ -35,6 +35,7 @@ from recomp_jax.compressors import abstractive
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.stages import ResumableJsonl, batched
@@ -301,8 +302,25 @@ def stage_train(config, ctx: Context, critic_dir: str, seed: int, directory: str
     return out['train'], out['dev']
 
   summary = finetune.finetune_pretrained(config, config.compressor, pairs, seed=seed, directory=directory,
-                                         best_name='compressor_best')
+                                         best_name='compressor_best', probe=lambda tok: training_probe(config, ctx, tok))
   return {**summary, 'documents_cut': cut, 'empty_targets': empty['train']}
+
+
+def training_probe(config, ctx: Context, tokenizer):
+  """The reader-EM monitor of the compressor's training (:mod:`recomp_jax.evaluation.probe`): the
+  run's reader reads the current compressor's summaries of the first dev questions (an empty
+  summary is the no-evidence prompt, as in the ``trained`` row). None when switched off."""
+  examples = probe_examples(ctx.examples('dev'), config.train.eval_qa_examples)
+  if not examples:
+    return None
+  c, k = config.compressor, config.candidates.top_docs
+  qa = QaProbe(lambda: ctx.resources.reader, examples)
+
+  def compressor_probe(model):
+    compressor = Compressor(model, tokenizer, max_source_length=c.max_source_length,
+                            max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size)
+    return qa(compressor.compress([e.question for e in examples], [e.ctxs[:k] for e in examples]))
+  return compressor_probe
 
 
 class Compressor:

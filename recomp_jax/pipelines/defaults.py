@@ -102,6 +102,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 50
   c.train.checkpoint_every = 50
   c.train.select_metric = 'top1_loglik'
+  # At every evaluation, the reader's EM / F1 on this many dev questions with the current
+  # model's evidence (eval/qa_em, eval/qa_f1 in TensorBoard; 0 = off). Monitoring only: it
+  # never picks the checkpoint and is not part of any stage's fingerprint.
+  c.train.eval_qa_examples = 32
   c.train.seeds = (0,)  # one trained compressor per seed; the trained row reports their mean
   # 'contrastive': the paper's positive + hard negatives (eq. 1); 'listwise': beyond the paper,
   # KL from the reader's softmax over a question's candidates to the encoder's.
@@ -240,6 +244,7 @@ def abstractive_experiment(dataset: str, preset: str) -> ml_collections.ConfigDi
     c.train.eval_every = 10 if demo else 2
     c.train.checkpoint_every = 10 if demo else 2
     c.train.log_every = 5 if demo else 1
+    c.train.eval_qa_examples = 16 if demo else 2
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c
@@ -329,6 +334,7 @@ def filco_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
     c.train.eval_every = 10 if demo else 1
     c.train.checkpoint_every = 10 if demo else 1
     c.train.log_every = 5 if demo else 1
+    c.train.eval_qa_examples = 16 if demo else 2
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c

@@ -35,6 +35,7 @@ from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.shared import Resources
@@ -340,12 +341,13 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   best = json.load(open(best_file)) if os.path.exists(best_file) else None
   base_metrics = extractive.reranked_accuracy(
       extractive.rank_candidates(base, dev_questions, dev_cands), dev_ll)
+  probe = QaProbe(lambda: models.reader, probe_examples(dev, t.eval_qa_examples))
 
   def eval_fn(model, step):
     nonlocal best
     encoder = Encoder(model, base.tokenizer, max_length=base.max_length)
-    metrics = extractive.reranked_accuracy(
-        extractive.rank_candidates(encoder, dev_questions, dev_cands), dev_ll)
+    scores = extractive.rank_candidates(encoder, dev_questions, dev_cands)
+    metrics = extractive.reranked_accuracy(scores, dev_ll)
     key = config.train.select_metric
     if best is None or metrics[key] > best['metrics'][key]:
       best = {'step': step, 'metrics': metrics}
@@ -355,6 +357,10 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
                         tokenizer_dir=source)
       with open(best_file, 'w') as f:
         json.dump(best, f)
+    if len(probe):
+      k = config.eval.top_k_sentences
+      metrics.update(probe([extractive.top_k_evidence(c, s, k) if len(c) else ''
+                            for c, s in zip(dev_cands[:len(probe)], scores[:len(probe)])]))
     return metrics
 
   train_config = {
@@ -509,7 +515,7 @@ class ExtractiveSystem(System):
         raise shared.PipelineError('train.compare_objective must differ from train.objective')
       runs += [(config.train.compare_objective, seed) for seed in config.train.compare_seeds]
     train_fields = {k: v for k, v in cfg['train'].items()
-                    if k not in ('seeds', 'objective', 'compare_objective', 'compare_seeds')}
+                    if k not in ('seeds', 'objective', 'compare_objective', 'compare_seeds', 'eval_qa_examples')}
     names = []
     for objective, seed in runs:
       name = f'train_{objective}_seed{seed}'

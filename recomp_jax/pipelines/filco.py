@@ -34,6 +34,7 @@ from recomp_jax.compressors import filco
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.stages import ResumableJsonl, batched
@@ -204,8 +205,40 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
     return out['train'], out['dev']
 
   summary = finetune.finetune_pretrained(config, section, pairs, seed=seed, directory=directory,
-                                         best_name='model_best')
+                                         best_name='model_best', probe=lambda tok: training_probe(config, ctx, what, tok))
   return {**summary, **extra, 'what': what}
+
+
+def training_probe(config, ctx: Context, what: str, tokenizer):
+  """The reader-EM monitor of a FILCO training stage (:mod:`recomp_jax.evaluation.probe`), or None.
+
+  * ``filter``: the run's reader reads the filter model's context for the first dev questions
+    (the zero-shot ``filtered_reader`` row, on dev).
+  * ``generator_<kind>``: the generator answers from its own training context on dev (for
+    ``filco`` the *silver* context, built with gold answers: the training distribution, not the
+    test-time FILCO row). The generator changes every evaluation, so nothing is memoised.
+  * ``psg``: none (its yes/no decisions are read through ``generator_psg``).
+  """
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  examples = probe_examples(ctx.examples('dev'), config.train.eval_qa_examples)
+  if not examples or what == 'psg':
+    return None
+  k = config.candidates.top_docs
+  if what == 'filter':
+    f = config.filter
+    qa = QaProbe(lambda: ctx.resources.reader, examples)
+    inputs = [filter_input(tokenizer, e.question, e.ctxs[:k], f.max_source_length)[0] for e in examples]
+    return lambda model: qa(Reader.from_model(model, tokenizer, generate_batch_size=f.generate_batch_size,
+                                              max_new_tokens=f.max_new_tokens).answer(inputs))
+  kind, silver = what.split('_', 1)[1], load_silver(ctx.stage_dir('silver'), 'dev')
+  contexts = [generator_context(kind, e, silver[e.id], k) for e in examples]
+  r = config.reader
+
+  def generator_probe(model):
+    reader = Reader.from_model(model, tokenizer, generate_batch_size=r.generate_batch_size,
+                               max_new_tokens=r.max_new_tokens)
+    return QaProbe(reader, examples, build_prompt=filco.generator_prompt)(contexts)
+  return generator_probe
 
 
 # ----------------------------------------------------------------------------- inference

@@ -56,15 +56,18 @@ def lm_loss_fn(model):
 
 
 def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
-             *, seed: int, directory: str, export: Callable) -> tuple[dict, object]:
+             *, seed: int, directory: str, export: Callable,
+             probe: Callable[[object], dict] | None = None) -> tuple[dict, object]:
   """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
 
   A batch of ``config.train.batch_size`` runs as microbatches of ``section.microbatch``
   rows whose gradients are averaged (a Gemma 3 270M step holds ~1 GB of activations and
   logits per row on CPU; the update is that of the whole batch, the loss the mean of the
   microbatches' token means). The best checkpoint is the one with the lowest dev loss
-  (token mean), evaluated every ``train.eval_every`` steps and at the end. ``model``'s
-  arrays are donated to the training step: use the returned model.
+  (token mean), evaluated every ``train.eval_every`` steps and at the end. ``probe(model)``,
+  when given, adds monitoring metrics to each evaluation (the reader's EM / F1 on a few dev
+  questions, :mod:`recomp_jax.evaluation.probe`); it never selects the checkpoint.
+  ``model``'s arrays are donated to the training step: use the returned model.
 
   Returns:
     ``(summary, trained model)``.
@@ -100,6 +103,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
       export(trained)
       with open(best_file, 'w') as f:
         json.dump(best, f)
+    if probe is not None:
+      metrics = {**metrics, **probe(trained)}
     return metrics
 
   train_config = {
@@ -166,10 +171,11 @@ def load_section_model(section):
 
 
 def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
-                        best_name: str) -> dict:
+                        best_name: str, probe: Callable | None = None) -> dict:
   """Loads ``section.model``, fine-tunes it on ``pairs(tokenizer) -> (train, dev)`` and exports
   the checkpoint with the best dev loss to ``{directory}/{best_name}`` (with no dev pairs:
-  the final model). Returns the training summary."""
+  the final model). ``probe(tokenizer)``, when given, returns the monitoring function
+  ``model -> metrics`` of :func:`finetune`. Returns the training summary."""
   from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
   pretrained, tokenizer = load_section_model(section)
   train, dev = pairs(tokenizer)
@@ -182,7 +188,8 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
                       best_dir, tokenizer_dir=pretrained.source_dir)
 
   summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
-                              directory=directory, export=export)
+                              directory=directory, export=export,
+                              probe=probe(tokenizer) if probe is not None else None)
   if not os.path.exists(os.path.join(best_dir, 'config.json')):
     export(trained)
   return {**summary, 'source': pretrained.source_dir}

@@ -1,8 +1,8 @@
-"""TensorBoard scalars without TensorFlow or torch, and small metric helpers.
+"""TensorBoard scalars and text without TensorFlow or torch, and small metric helpers.
 
-:class:`MetricWriter` uses ``tensorboard.summary.Writer`` (the numpy-only
-writer shipped with the ``tensorboard`` package) and is a no-op on every
-process but 0, so the training loop can call it unconditionally.
+:class:`MetricWriter` writes TensorBoard event files with the numpy-only writer shipped
+with the ``tensorboard`` package and is a no-op on every process but 0, so the training
+loop can call it unconditionally.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+import time
 import types
 from typing import Any, Mapping
 
@@ -33,7 +34,11 @@ def _tensorboard_without_tensorflow() -> None:
 
 
 class MetricWriter:
-  """Scalar summaries to ``logdir`` (TensorBoard event files), written by process 0 only.
+  """Scalar and text summaries to ``logdir`` (TensorBoard event files), written by process 0 only.
+
+  Events are built from TensorBoard's own protos and written by its ``EventFileWriter``
+  (numpy only: no TensorFlow, no torch). Scalars show in the scalars tab, text (markdown,
+  e.g. the results table) in the text tab.
 
   Args:
     logdir: the TensorBoard run directory.
@@ -46,17 +51,35 @@ class MetricWriter:
     self._writer = None
     if self.enabled:
       _tensorboard_without_tensorflow()
-      from tensorboard.summary import Writer  # numpy-only event writer
+      from tensorboard.summary.writer.event_file_writer import EventFileWriter
       os.makedirs(self.logdir, exist_ok=True)
-      self._writer = Writer(self.logdir)
+      self._writer = EventFileWriter(self.logdir)
+
+  def _emit(self, step: int, tag: str, plugin: str, data_class: int, tensor) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin), data_class=data_class)
+    event = event_pb2.Event(wall_time=time.time(), step=int(step))
+    event.summary.value.add(tag=tag, tensor=tensor, metadata=metadata)
+    self._writer.add_event(event)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Writes every finite-or-not numeric scalar in ``scalars`` at ``step``."""
+    """Writes every numeric scalar in ``scalars`` (finite or not) at ``step``."""
     if self._writer is None:
       return
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2
     for tag, value in scalars.items():
-      value = float(np.asarray(value))
-      self._writer.add_scalar(tag, value, step=int(step))
+      tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(np.asarray(value))])
+      self._emit(step, tag, 'scalars', summary_pb2.DATA_CLASS_SCALAR, tensor)
+
+  def write_text(self, step: int, texts: Mapping[str, str]) -> None:
+    """Writes markdown ``texts`` (``tag -> text``) at ``step`` for TensorBoard's text tab."""
+    if self._writer is None:
+      return
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2
+    for tag, text in texts.items():
+      tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[str(text).encode('utf-8')])
+      self._emit(step, tag, 'text', summary_pb2.DATA_CLASS_TENSOR, tensor)
 
   def flush(self) -> None:
     if self._writer is not None:
@@ -98,17 +121,26 @@ class MeanAccumulator:
     return max(self._counts.values(), default=0)
 
 
-def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-  """``tag -> [(step, value), ...]`` from the event files in ``logdir`` (for tests and notebooks)."""
+def _tensor_events(logdir: str | os.PathLike, plugin: str) -> dict[str, list]:
+  """``tag -> [TensorEvent, ...]`` of one TensorBoard plugin's summaries in ``logdir``."""
   _tensorboard_without_tensorflow()
   from tensorboard.backend.event_processing import event_accumulator
   accumulator = event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance={'tensors': 0})
   accumulator.Reload()
-  out: dict[str, list[tuple[int, float]]] = {}
-  for tag in accumulator.Tags().get('tensors', []):
-    out[tag] = [(event.step, float(np.asarray(_tensor_value(event.tensor_proto))))
-                for event in accumulator.Tensors(tag)]
-  return out
+  return {tag: accumulator.Tensors(tag) for tag in accumulator.Tags().get('tensors', [])
+          if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == plugin}
+
+
+def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+  """``tag -> [(step, value), ...]`` from the event files in ``logdir`` (for tests and notebooks)."""
+  return {tag: [(e.step, float(np.asarray(_tensor_value(e.tensor_proto)))) for e in events]
+          for tag, events in _tensor_events(logdir, 'scalars').items()}
+
+
+def read_text(logdir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
+  """``tag -> [(step, markdown), ...]`` of the text summaries in ``logdir``."""
+  return {tag: [(e.step, e.tensor_proto.string_val[0].decode('utf-8')) for e in events]
+          for tag, events in _tensor_events(logdir, 'text').items()}
 
 
 def _tensor_value(proto) -> float:
