@@ -322,7 +322,6 @@ def maybe_initialize_distributed() -> bool:
   return True
 
 
-
 def is_main_process() -> bool:
   """True on process 0 (the one that logs, writes TensorBoard and shows progress)."""
   return jax.process_index() == 0

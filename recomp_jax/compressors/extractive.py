@@ -304,17 +304,21 @@ def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str
   return prompts.format_sentences([candidates[j] for j in order])
 
 
+def evidence_per_question(candidates: Sequence[Sequence[str]], scores: Sequence[np.ndarray], k: int) -> list[str]:
+  """Per question, its ``k`` best-scoring candidates as evidence (``''`` for a question without candidates)."""
+  return [top_k_evidence(c, s, k) if len(c) else '' for c, s in zip(candidates, scores)]
+
+
 def compress(encoder, questions: Sequence[str], candidates: Sequence[Sequence[str]], k: int = 1) -> list[str]:
   """The compressor at inference: per question, its ``k`` best candidate sentences as evidence.
 
   ``candidates[i]`` are the title-prefixed sentences of question ``i``'s retrieved documents
   (every sentence at inference); a question without candidates gets ``''``.
   """
-  scores = rank_candidates(encoder, questions, candidates)
-  return [top_k_evidence(c, s, k) if len(c) else '' for c, s in zip(candidates, scores)]
+  return evidence_per_question(candidates, rank_candidates(encoder, questions, candidates), k)
 
 
 __all__ = ['ListwiseExample', 'TrainingPair', 'candidate_suffix', 'compress', 'contrastive_loss_fn',
-           'count_truncated', 'em_labels', 'listwise_arrays', 'listwise_loss_fn', 'loglik_labels',
+           'count_truncated', 'em_labels', 'evidence_per_question', 'listwise_arrays', 'listwise_loss_fn', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
            'top_k_evidence']

@@ -464,9 +464,7 @@ class AbstractiveSystem(System):
         candidates = ctx.candidates('test')
         cands = [candidates[e.id] for e in examples]
         encoder = models.encoder(config.eval.extractive_encoder)
-        scores = extractive.rank_candidates(encoder, [e.question for e in examples], cands)
-        return [extractive.top_k_evidence(c, s, config.eval.top_k_sentences) if c else ''
-                for c, s in zip(cands, scores)]
+        return extractive.compress(encoder, [e.question for e in examples], cands, config.eval.top_k_sentences)
       plan.append(Row('extractive', 'extractive', extractive_evidence))
     if 'oracle' in keys or 'trained' in keys or 'teacher' in keys:
       oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))

@@ -139,8 +139,7 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
   if key in ('offtheshelf_sentence', 'trained', 'trained_compare'):
     if rank is None:
       raise ValueError(f'row {key!r} needs an encoder ranking')
-    scores = rank(questions, candidates)
-    return [extractive.top_k_evidence(c, s, k) if c else '' for c, s in zip(candidates, scores)]
+    return extractive.evidence_per_question(candidates, rank(questions, candidates), k)
   if key == 'trained_threshold':
     if rank is None or threshold is None:
       raise ValueError("row 'trained_threshold' needs an encoder ranking and a threshold")
@@ -153,8 +152,7 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
   if key == 'oracle_ll':
     if loglik is None:
       raise ValueError("row 'oracle_ll' needs the reader's log-likelihoods")
-    return [extractive.top_k_evidence(c, np.asarray(ll), k) if c else ''
-            for c, ll in zip(candidates, loglik)]
+    return extractive.evidence_per_question(candidates, loglik, k)
   if key == 'oracle_em':
     if loglik is None or oracle_em_choice is None:
       raise ValueError("row 'oracle_em' needs log-likelihoods and the EM-oracle choices")
@@ -358,9 +356,8 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
       with open(best_file, 'w') as f:
         json.dump(best, f)
     if len(probe):
-      k = config.eval.top_k_sentences
-      metrics.update(probe([extractive.top_k_evidence(c, s, k) if len(c) else ''
-                            for c, s in zip(dev_cands[:len(probe)], scores[:len(probe)])]))
+      metrics.update(probe(extractive.evidence_per_question(dev_cands[:len(probe)], scores[:len(probe)],
+                                                            config.eval.top_k_sentences)))
     return metrics
 
   train_config = {
