@@ -20,10 +20,19 @@ glibc >= 2.35), which cuts the page faults ~50x and recovers part of the time.
 
 ``RECOMP_JAX_ALLOCATOR`` chooses: ``auto`` (default, as above), ``system``
 (leave the process alone), or the path of an allocator library to preload.
+
+Keeping freed pages has a price across stages: jemalloc keeps them per arena (one
+per thread group), and a later stage whose threads allocate from other arenas does
+not reuse them. The FILCO demo's process reached 23 GB when its second fine-tune
+loaded a model, against 14 GB under glibc. :func:`release_free_memory` hands the
+kept pages back; the stage runner calls it after every stage, where nothing of the
+stage is live any more and the next allocations are a new working set.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import sys
 from typing import Mapping
@@ -126,6 +135,47 @@ def relaunch_with_allocator() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable, *argv[1:]], new_env)
+
+
+# jemalloc >= 5: ``arena.<MALLCTL_ARENAS_ALL>.purge`` purges the dirty and muzzy pages of every arena.
+_JEMALLOC_PURGE_ALL = b'arena.4096.purge'
+
+
+def resident_bytes(statm_path: str = '/proc/self/statm') -> int:
+  """This process's resident set size in bytes (0 where ``/proc`` is missing)."""
+  try:
+    with open(statm_path) as f:
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def release_free_memory() -> dict:
+  """Returns the pages the allocator keeps for reuse to the operating system.
+
+  Collects Python garbage first (so the buffers of dead arrays are freed), then asks
+  jemalloc to purge every arena (``mallctl("arena.4096.purge")``) or glibc to trim its
+  heaps (``malloc_trim(0)``); tcmalloc and other allocators are left alone.
+
+  Returns:
+    ``{'allocator', 'released', 'rss_before', 'rss_after'}`` (bytes; ``released`` is
+    False when the allocator had no call for it or the call failed).
+  """
+  gc.collect()
+  name = loaded_allocator()
+  before = resident_bytes()
+  released = False
+  try:
+    process = ctypes.CDLL(None)
+    if name == 'jemalloc':
+      released = process.mallctl(_JEMALLOC_PURGE_ALL, None, None, None, ctypes.c_size_t(0)) == 0
+    elif name == 'glibc':
+      process.malloc_trim(ctypes.c_size_t(0))
+      released = True
+  except (OSError, AttributeError):
+    released = False
+  return {'allocator': name, 'released': released, 'rss_before': before,
+          'rss_after': resident_bytes()}
 
 
 def describe() -> str:

@@ -323,8 +323,46 @@ def maybe_initialize_distributed() -> bool:
 
 
 def is_main_process() -> bool:
-  """True on process 0 (the one that logs, writes TensorBoard and shows progress)."""
+  """True on process 0: the one that logs, writes TensorBoard, shows progress and writes
+  every pipeline file (the others compute alongside it and write nothing)."""
   return jax.process_index() == 0
+
+
+def sync_processes(tag: str) -> None:
+  """Blocks until every process has reached ``sync_processes(tag)`` (no-op on one process).
+
+  Every process must call it with the same ``tag``, in the same order.
+  """
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices(tag)
+
+
+def broadcast_from_main(flag: bool) -> bool:
+  """Process 0's ``flag`` on every process; a collective, so also a barrier."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, np.int32)))
+
+
+def open_on_main(path: str, mode: str = 'w'):
+  """``open(path, mode)`` on process 0 and ``os.devnull`` on the others: for a file that
+  every process computes (a collective stage) but only process 0 writes."""
+  target = path if is_main_process() else os.devnull
+  return open(target, mode, encoding=None if 'b' in mode else 'utf-8')
+
+
+def host_value(x: jax.Array) -> np.ndarray:
+  """The whole of ``x`` as numpy on this process.
+
+  A parameter sharded across processes is not addressable from one host: it is
+  gathered with a collective, so every process must call this for the same arrays.
+  """
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def with_logical_constraint(x: jax.Array, axes: Sequence[str | None],

@@ -87,3 +87,40 @@ def test_relaunch_really_switches_the_allocator_and_keeps_argv():
     pytest.skip('no jemalloc/tcmalloc installed (Debian: apt install libjemalloc2)')
   name, argv = run({})
   assert name in library and argv.strip() == "['a', '--b=1']"
+
+
+_RELEASE_PROBE = '''
+import threading
+import numpy as np
+from recomp_jax import allocator
+def churn():
+  blocks = [np.ones(16 << 20, np.float32) for _ in range(8)]  # 512 MiB per thread
+  del blocks
+threads = [threading.Thread(target=churn) for _ in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+out = allocator.release_free_memory()
+print(out['allocator'], out['released'], out['rss_before'], out['rss_after'])
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
+def test_release_free_memory_returns_kept_pages():
+  """Under jemalloc told to keep every freed page, 1 GiB freed by two threads stays resident
+  until :func:`allocator.release_free_memory` purges the arenas; glibc trims without error."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
+                      allocator.ENV_CHOICE)}
+  run = lambda extra: subprocess.run([sys.executable, '-c', _RELEASE_PROBE],  # noqa: E731
+                                     env={**env, **extra}, capture_output=True, text=True,
+                                     check=True).stdout.split()
+  name, released, _, _ = run({allocator.ENV_CHOICE: 'system', allocator.ENV_DONE: '1'})
+  assert name == 'glibc' and released == 'True'
+  library = allocator.find_allocator()
+  if library is None or 'jemalloc' not in library:
+    pytest.skip('no jemalloc installed (Debian: apt install libjemalloc2)')
+  name, released, before, after = run({'LD_PRELOAD': library, 'MALLOC_CONF': allocator.JEMALLOC_CONF,
+                                       allocator.ENV_DONE: '1'})
+  assert name == 'jemalloc' and released == 'True'
+  assert int(before) > (900 << 20), before  # the freed GiB was kept ...
+  assert int(after) < int(before) - (800 << 20), (before, after)  # ... and is handed back

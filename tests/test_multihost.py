@@ -7,6 +7,7 @@ global batch, it must reach the parameters of the same run as one 8-device proce
 between checkpoints and restarted, it must resume exactly, on two processes or on one.
 """
 
+import json
 import os
 import signal
 import socket
@@ -35,6 +36,8 @@ def _env(cache_dir) -> dict:
   env = dict(os.environ)
   for key in ('XLA_FLAGS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'JAX_COORDINATOR_ADDRESS'):
     env.pop(key, None)
+  # The workers import the checkout under test, whatever the installed package points to.
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO, env.get('PYTHONPATH', '')) if p)
   env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', JAX_PLATFORMS='cpu')
   return env
@@ -202,3 +205,69 @@ def test_only_process_zero_writes_the_results(tmp_path, monkeypatch):
   monkeypatch.setattr(sharding, 'is_main_process', lambda: False)
   assert runner.write_results(None, None, str(tmp_path), []) is None
   assert list(tmp_path.iterdir()) == []
+
+
+STAGES_WORKER = os.path.join(HERE, '_stages_worker.py')
+
+
+def _run_stages(workdir, cache_dir, *, stop_after=0, timeout=240):
+  """Both processes of ``tests/_stages_worker.py``; returns (exit codes, RESULT of each, output)."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, STAGES_WORKER, '--workdir', str(workdir), '--num-processes', '2',
+       '--process-id', str(pid), '--coordinator', f'127.0.0.1:{port}', '--stop-after', str(stop_after)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(cache_dir))
+      for pid in range(2)]
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=timeout)[0])
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  results = [next((json.loads(line[len('RESULT '):]) for line in out.splitlines()
+                   if line.startswith('RESULT ')), None) for out in outputs]
+  return [p.returncode for p in procs], results, '\n'.join(o[-3000:] for o in outputs)
+
+
+def _lines(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_pipeline_stages_leave_the_files_to_process_zero(tmp_path, cache_dir):
+  """Two processes run a file stage and a resumable collective stage in one work directory:
+  process 0 alone runs the file stage; both compute the collective one, in step, but only
+  process 0 appends its records (one line per item, never two), also after both are killed
+  mid-stage and restarted; a third run skips both stages on both processes."""
+  work = tmp_path / 'work'
+  scores = work / 'stages' / 'score' / 'scores.jsonl'
+  codes, results, output = _run_stages(work, cache_dir, stop_after=3)
+  assert codes == [3, 3], output
+  assert [r['id'] for r in _lines(scores)] == [0, 1, 2], output
+  assert not (work / 'stages' / 'score' / 'DONE.json').exists()
+
+  codes, results, output = _run_stages(work, cache_dir)
+  assert codes == [0, 0], output
+  assert [r['ran'] for r in results] == [['score'], ['score']], output  # items was done
+  records = _lines(scores)
+  assert [r['id'] for r in records] == list(range(8)), output
+  assert all(r['gathered'] == [10 * r['id'], 10 * r['id'] + 1] for r in records)
+  expected = {'items': {'items': 8}, 'score': {'records': 8, 'total': sum(20 * i + 1 for i in range(8))}}
+  assert [r['summaries'] for r in results] == [expected, expected]
+  assert (work / 'stages' / 'score' / 'writer.txt').read_text() == '0'
+  done = json.loads((work / 'stages' / 'score' / 'DONE.json').read_text())
+  assert set(done['manifest']) == {'scores.jsonl', 'writer.txt'}
+
+  codes, results, output = _run_stages(work, cache_dir)
+  assert codes == [0, 0], output
+  assert [r['ran'] for r in results] == [[], []]
+  assert [r['summaries'] for r in results] == [expected, expected]
+  assert all(r['timings'] == {'items': 0.0, 'score': 0.0} for r in results)
+
+
+def test_a_file_stage_runs_on_process_zero_alone(tmp_path, cache_dir):
+  codes, results, output = _run_stages(tmp_path / 'work', cache_dir)
+  assert codes == [0, 0], output
+  assert [r['ran'] for r in results] == [['items', 'score'], ['score']], output

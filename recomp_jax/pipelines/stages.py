@@ -18,6 +18,14 @@ records; any other starts afresh). It reruns when asked (``force``) or when its
 fingerprint changed, and otherwise continues an unfinished one: per-example work is
 appended to a :class:`ResumableJsonl` so a killed stage loses at most the record
 being written.
+
+Multi-process runs share one work directory (Orbax checkpoints are collective), and
+process 0 owns it: it decides whether a stage runs, prepares and finishes its
+directory and writes every file, while the other processes compute alongside it
+(a stage that uses the sharded models is a collective) and write nothing. A stage
+that is not a collective (``collective=False``: data preparation, calls to a teacher
+API) runs on process 0 alone while the others wait for it. After every stage the
+allocator hands its kept pages back (:func:`recomp_jax.allocator.release_free_memory`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from absl import logging
+
+from recomp_jax import allocator, sharding
 
 
 def fingerprint(obj: Any) -> str:
@@ -147,6 +157,7 @@ class ResumableJsonl:
     self.path = path
     self.key = key
     self.records: dict[str, dict] = {}
+    self._writer = sharding.is_main_process()
     if os.path.exists(path):
       good_bytes = 0
       with open(path, 'rb') as f:
@@ -159,12 +170,16 @@ class ResumableJsonl:
             break
           self.records[str(record[key])] = record
           good_bytes += len(raw)
-      if good_bytes != os.path.getsize(path):
+      if good_bytes != os.path.getsize(path) and self._writer:
         logging.warning('%s: dropping a partially written last record', path)
         with open(path, 'r+b') as f:
           f.truncate(good_bytes)
-    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    self._file = open(path, 'a', encoding='utf-8')
+    self._file = None
+    if self._writer:
+      os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+      self._file = open(path, 'a', encoding='utf-8')
+    # Every process must resume from the same records before process 0 appends more.
+    sharding.sync_processes(f'resumable {path}')
 
   def __contains__(self, key: str) -> bool:
     return str(key) in self.records
@@ -173,9 +188,11 @@ class ResumableJsonl:
     return len(self.records)
 
   def append(self, record: dict) -> None:
-    self._file.write(json.dumps(record, ensure_ascii=False) + '\n')
-    self._file.flush()
-    os.fsync(self._file.fileno())
+    """Adds ``record``; process 0 writes it through to disk, the others keep it in memory."""
+    if self._file is not None:
+      self._file.write(json.dumps(record, ensure_ascii=False) + '\n')
+      self._file.flush()
+      os.fsync(self._file.fileno())
     self.records[str(record[self.key])] = record
 
   def extend(self, records: Iterable[dict]) -> None:
@@ -183,7 +200,8 @@ class ResumableJsonl:
       self.append(record)
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
 
 
 @dataclasses.dataclass
@@ -226,7 +244,7 @@ class StageRunner:
       return json.load(f)['summary']
 
   def run(self, name: str, inputs: Any, fn: Callable[[str], dict], *, deps: Sequence[str] = (),
-          code: Sequence[str] = (), resumable: bool = False) -> dict:
+          code: Sequence[str] = (), resumable: bool = False, collective: bool = True) -> dict:
     """Runs ``fn(stage_dir) -> summary`` unless the stage finished with the same fingerprint.
 
     Args:
@@ -237,6 +255,9 @@ class StageRunner:
       code: modules whose source the stage's result depends on.
       resumable: ``fn`` continues from intact partial files (append-only records), so a
         damaged finished stage keeps its directory instead of starting afresh.
+      collective: ``fn`` runs on every process (it computes with the sharded models);
+        False runs it on process 0 alone (file work, teacher API calls) while the
+        others wait. The same on one process.
 
     A stage whose fingerprint changed, or that is forced, starts from an empty directory;
     an unfinished one with the same fingerprint is continued.
@@ -244,6 +265,35 @@ class StageRunner:
     directory = self.stage_dir(name)
     fp = self.stage_fingerprint(inputs, deps, code)
     self.fingerprints[name] = fp
+    main = sharding.is_main_process()
+    skip = main and self._prepare(name, directory, fp, inputs, deps, code, resumable)
+    if sharding.broadcast_from_main(skip):  # process 0 has decided and prepared the directory
+      self.timings[name] = 0.0
+      return self.summary(name)
+    logging.info('stage %s: running (%s)', name, directory)
+    start = time.time()
+    summary = fn(directory) if (main or collective) else None
+    sharding.sync_processes(f'stage {name}: computed')  # every process's work is in the files
+    seconds = time.time() - start
+    self.timings[name] = seconds
+    if main:
+      record = {'fingerprint': fp, 'seconds': seconds, 'summary': summary,
+                'manifest': directory_manifest(directory)}
+      tmp = os.path.join(directory, 'DONE.json.tmp')
+      with open(tmp, 'w') as f:
+        json.dump(record, f, default=str, indent=2)
+      os.replace(tmp, os.path.join(directory, 'DONE.json'))
+    sharding.sync_processes(f'stage {name}: done')
+    if summary is None:
+      summary = self.summary(name)
+    memory = allocator.release_free_memory()
+    logging.info('stage %s: finished in %.1fs (%s: resident %.1f -> %.1f GB)', name, seconds,
+                 memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
+    return summary
+
+  def _prepare(self, name: str, directory: str, fp: str, inputs: Any, deps: Sequence[str],
+               code: Sequence[str], resumable: bool) -> bool:
+    """Process 0's decision: True to skip the finished stage; else readies its directory."""
     forced = name in self.force or 'all' in self.force
     done = None if forced else self._read_done(name)
     damaged = False
@@ -251,8 +301,7 @@ class StageRunner:
       problems = manifest_problems(directory, done.get('manifest', {}))
       if not problems:
         logging.info('stage %s: done, skipped (%s)', name, directory)
-        self.timings[name] = 0.0
-        return done['summary']
+        return True
       damaged = True
       logging.warning('stage %s: damaged output, recomputing: %s', name, '; '.join(problems))
       os.remove(os.path.join(directory, 'DONE.json'))
@@ -269,19 +318,7 @@ class StageRunner:
     with open(started_file, 'w') as f:
       json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code)}, f,
                 default=str, indent=2)
-    logging.info('stage %s: running (%s)', name, directory)
-    start = time.time()
-    summary = fn(directory)
-    seconds = time.time() - start
-    self.timings[name] = seconds
-    record = {'fingerprint': fp, 'seconds': seconds, 'summary': summary,
-              'manifest': directory_manifest(directory)}
-    tmp = os.path.join(directory, 'DONE.json.tmp')
-    with open(tmp, 'w') as f:
-      json.dump(record, f, default=str, indent=2)
-    os.replace(tmp, os.path.join(directory, 'DONE.json'))
-    logging.info('stage %s: finished in %.1fs', name, seconds)
-    return summary
+    return False
 
 
 def batched(items: list, size: int) -> Iterator[list]:

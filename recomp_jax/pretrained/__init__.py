@@ -110,14 +110,18 @@ def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: st
 
   Writes ``config.json``, safetensors (sharded above 4 GiB) and, when
   available, the tokenizer from ``tokenizer_dir`` (default: the source dir).
+  In a multi-process run every process calls it and process 0 writes.
   """
   import numpy as np
-  os.makedirs(out_dir, exist_ok=True)
+
+  from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
+  save_weights(pretrained.model, pretrained.family.weight_specs(pretrained.config), out_dir,
+               dtype=np.dtype(dtype or np.float32))
+  if not sharding.is_main_process():
+    return out_dir
   config_dict = pretrained.family.config_to_hf(pretrained.config)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(config_dict, f, indent=2)
-  save_weights(pretrained.model, pretrained.family.weight_specs(pretrained.config), out_dir,
-               dtype=np.dtype(dtype or np.float32))
   tokenizer_dir = tokenizer_dir or pretrained.source_dir
   if tokenizer_dir:
     try:

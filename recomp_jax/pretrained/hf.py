@@ -239,14 +239,19 @@ def save_weights(model: nnx.Module, specs: Sequence[WeightSpec], out_dir: str, *
   """Writes the model's parameters under their Hugging Face names as safetensors.
 
   Large models are split into shards with a ``model.safetensors.index.json``.
-  Returns the written file names.
+  Returns the written file names. In a multi-process run every process must call it
+  (parameters sharded across processes are gathered collectively); process 0 writes.
   """
   from safetensors.numpy import save_file
-  os.makedirs(out_dir, exist_ok=True)
+
+  from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   tensors = {}
   for spec in specs:
-    value = np.asarray(jax.device_get(_get_variable(model, spec.path).get_value()), np.float32)
+    value = sharding.host_value(_get_variable(model, spec.path).get_value()).astype(np.float32)
     tensors[spec.hf_key] = np.ascontiguousarray(spec.to_hf(value).astype(dtype))
+  if not sharding.is_main_process():
+    return []
+  os.makedirs(out_dir, exist_ok=True)
   shards: list[dict[str, Array]] = [{}]
   size = 0
   for key, value in tensors.items():

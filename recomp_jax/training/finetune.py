@@ -101,7 +101,7 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
     if best is None or metrics['loss'] < best['metrics']['loss']:
       best = {'step': step, 'metrics': metrics}
       export(trained)
-      with open(best_file, 'w') as f:
+      with sharding.open_on_main(best_file) as f:
         json.dump(best, f)
     if probe is not None:
       metrics = {**metrics, **probe(trained)}
