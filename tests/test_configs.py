@@ -13,6 +13,8 @@ PRESETS = {
     'nq_extractive.py': ('paper', 'shared', 'demo', 'ci', 'quickstart'),
     'tqa_extractive.py': ('paper', 'shared'),
     'hotpotqa_extractive.py': ('paper', 'shared'),
+    'fever_filco.py': ('paper',),
+    'wow_filco.py': ('paper',),
 }
 
 
@@ -54,3 +56,16 @@ def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
   assert not set(ids['test']) & (set(ids['train']) | set(ids['dev']))
   total = sum(1 for _ in open(path))
   assert len(ids['train']) + len(ids['dev']) + len(ids['test']) == total
+
+
+@pytest.mark.parametrize('name,measure,against,metric', [('fever_filco.py', 'lexical', 'query', 'em'),
+                                                         ('wow_filco.py', 'cxmi', 'output', 'f1')])
+def test_kilt_filco_presets_read_the_hub_task(name, measure, against, metric):
+  from recomp_jax.evaluation.report import main_metric
+  config = _load(name).get_config('paper')
+  assert (config.data.source, config.data.hf_name, config.data.hf_config) == ('hf', 'kilt_tasks', name[:-9])
+  assert config.data.hf_eval_split == 'validation' and config.retrieval.method == 'dense'
+  assert (config.filco.measure, config.filco.lexical_against) == (measure, against)
+  assert main_metric(config.dataset) == metric
+  with pytest.raises(ValueError, match='hub only'):
+    _load(name).get_config('shared')

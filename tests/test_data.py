@@ -249,6 +249,47 @@ def test_flavour_detection_and_parsers(tmp_path):
     formats.read_examples(bad_tqa, flavour='triviaqa_llmfoundry')
 
 
+# Hand-written KILT rows in the layout of facebook/kilt_tasks (fever, wow).
+KILT_FEVER = {'id': '75397', 'input': 'Nikolaj Coster-Waldau worked with the Fox Broadcasting Company.',
+              'output': [{'answer': 'SUPPORTS', 'provenance': [
+                  {'wikipedia_id': '7931128', 'title': 'Nikolaj Coster-Waldau', 'start_paragraph_id': 7,
+                   'end_paragraph_id': 7}]},
+                         {'answer': 'SUPPORTS', 'provenance': [{'title': 'Fox Broadcasting Company'}]}],
+              'meta': {}}
+KILT_WOW = {'id': 'wow-1', 'input': 'I like to watch ice hockey on TV.\nSame here! Who is your team?\n'
+                                    'The Maple Leafs, though they lose a lot.',
+            'output': [{'answer': 'The Toronto Maple Leafs play in the Atlantic Division.',
+                        'provenance': [{'wikipedia_id': '73126', 'title': 'Toronto Maple Leafs'}]},
+                       {'provenance': [{'title': 'Ice hockey'}]}],
+            'ctxs': [{'id': '73126_2', 'title': 'Toronto Maple Leafs',
+                      'text': 'The Maple Leafs are members of the Atlantic Division.'}]}
+
+
+def test_kilt_fever_and_wow_rows(tmp_path):
+  path = _write_lines(tmp_path / 'kilt.jsonl', [KILT_FEVER, KILT_WOW])
+  assert formats.detect_flavour(KILT_FEVER) == formats.detect_flavour(KILT_WOW) == 'kilt'
+  fever, wow = formats.read_examples(path)
+  assert (fever.id, fever.question, fever.answers, fever.ctxs) == (
+      '75397', KILT_FEVER['input'], ['SUPPORTS'], [])  # the label once, not per output
+  assert fever.meta == {'provenance_titles': ['Nikolaj Coster-Waldau', 'Fox Broadcasting Company']}
+  assert wow.question.count('\n') == 2  # the dialogue history keeps its turns
+  assert wow.answers == ['The Toronto Maple Leafs play in the Atlantic Division.']  # provenance-only output skipped
+  assert [(c.id, c.title) for c in wow.ctxs] == [('73126_2', 'Toronto Maple Leafs')]
+  assert wow.meta['provenance_titles'] == ['Toronto Maple Leafs', 'Ice hockey']
+
+
+def test_kilt_rows_without_answers_are_named_or_counted(tmp_path):
+  no_answer = {'id': 'q9', 'input': 'A claim.', 'output': [{'provenance': [{'title': 'T'}]}]}
+  bad_answer = {'id': 'q8', 'input': 'A claim.', 'output': [{'answer': 3}]}
+  path = _write_lines(tmp_path / 'kilt_bad.jsonl', [KILT_FEVER, no_answer, bad_answer])
+  with pytest.raises(DataError, match=r"kilt_bad\.jsonl:2: field 'output': no output has a non-empty answer"):
+    formats.read_examples(path)
+  report = FilterReport('kilt')
+  kept = formats.read_examples(path, on_error='skip', report=report)
+  assert [e.id for e in kept] == ['75397']
+  assert dict(report.dropped) == {'invalid: output': 1, 'invalid: output[0].answer': 1}
+
+
 def test_write_read_round_trip(tmp_path):
   ex = Example('e1', 'q', ['a'], [Passage('p', 'T', 'text', score=1.5, has_answer=False)],
                Passage('g', 'G', 'gold', is_gold=True), meta={'template': 't'})
@@ -311,6 +352,7 @@ def test_read_hf_converters(monkeypatch):
     calls.append((path, config, split))
     return rows[path]
 
+  rows['facebook/kilt_tasks'] = [KILT_FEVER]
   monkeypatch.setattr(datasets, 'load_dataset', fake_load)
   (nq,) = formats.read_hf('nq_open', 'validation')
   assert (nq.id, nq.question, nq.answers) == ('nq_open-validation-0', 'who sang x', ['A', 'B'])
@@ -319,8 +361,12 @@ def test_read_hf_converters(monkeypatch):
   (hp,) = formats.read_hf('hotpot_qa', 'validation')
   assert [c.text for c in hp.ctxs] == ['A one. A two.', 'B one. B two.']
   assert [c.is_gold for c in hp.ctxs] == [False, True] and hp.gold_ctx.id == 'h1-1'
+  (fv,) = formats.read_hf('kilt_tasks', 'validation', config='fever')
+  assert (fv.id, fv.answers) == ('75397', ['SUPPORTS'])
+  with pytest.raises(ValueError, match="needs config= the KILT task"):
+    formats.read_hf('kilt_tasks', 'validation')
   assert calls == [('nq_open', None, 'validation'), ('trivia_qa', 'rc.nocontext', 'validation'),
-                   ('hotpot_qa', 'distractor', 'validation')]
+                   ('hotpot_qa', 'distractor', 'validation'), ('facebook/kilt_tasks', 'fever', 'validation')]
 
 
 def test_read_hf_offline_is_clear():

@@ -84,6 +84,31 @@ def test_text_scores_canonical_output_and_precision():
   assert filco.unigram_precision('', 'Paris') == 0.0
 
 
+def test_fact_verification_lexical_compares_sentences_with_the_claim():
+  """FEVER: the output is a label found in no passage, so LEXICAL against the output keeps
+  nothing; against the claim (§2.2) it keeps the sentence that restates it."""
+  from recomp_jax.data.schema import Example
+  from recomp_jax.pipelines.filco import silver_records
+  claim = 'Nikolaj Coster-Waldau worked with the Fox Broadcasting Company.'
+  passage = Passage('1', 'Nikolaj Coster-Waldau', 'He was born in Denmark. Coster-Waldau worked with '
+                    'the Fox Broadcasting Company on the series New Amsterdam.')
+  example = Example('75397', claim, ['SUPPORTS'], [passage])
+  sentences = filco.passage_sentences([passage])
+  by_label = filco.text_scores(sentences, 'SUPPORTS', ['SUPPORTS'], 'lexical')
+  by_claim = filco.text_scores(sentences, 'SUPPORTS', ['SUPPORTS'], 'lexical', lexical_reference=claim)
+  assert by_label == [[0.0, 0.0]]
+  # SQuAD normalisation drops 'the' and the hyphen: {costerwaldau, worked, with, fox, broadcasting,
+  # company} shared by the sentence's 10 words and the claim's 7: P 6/10, R 6/7.
+  assert by_claim[0][0] == 0.0 and by_claim[0][1] == pytest.approx(2 * (6 / 10) * (6 / 7) / (6 / 10 + 6 / 7))
+  common = dict(top_docs=1, measure='lexical', variant='paper', threshold=0.5)
+  (against_output,) = silver_records(None, [example], **common)
+  (against_query,) = silver_records(None, [example], lexical_against='query', **common)
+  assert against_output['silver'] == ''
+  assert against_query['silver'] == sentences[0][1]
+  with pytest.raises(ValueError, match='lexical_against'):
+    silver_records(None, [example], lexical_against='label', **common)
+
+
 def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_question():
   assert filco.filter_prompt('q {docs}?', 'P {query}') == 'Question: q {docs}?\nPassage: P {query}\nMost helpful sentence:'
   assert filco.generator_prompt('who?', 'ctx') == 'ctx\n\nwho?\nAnswer:'

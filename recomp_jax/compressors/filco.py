@@ -217,12 +217,17 @@ def select(sentences: Sequence[Sequence[str]], scores: Sequence[Sequence[float]]
 
 
 def text_scores(sentences: Sequence[Sequence[str]], output: str, answers: Sequence[str], measure: str,
-                variant: str = 'paper') -> list[list[float]]:
-  """``[P][S_p]`` STRINC (0/1, any gold answer) or LEXICAL (F1 against ``output``) scores."""
+                variant: str = 'paper', *, lexical_reference: str | None = None) -> list[list[float]]:
+  """``[P][S_p]`` STRINC (0/1, any gold answer) or LEXICAL scores.
+
+  LEXICAL is the F1 against ``output``, or against ``lexical_reference`` when given: §2.2
+  compares with the query for fact verification, whose output (a label) is in no passage.
+  """
   if measure == 'strinc':
     return [[float(strinc(s, answers, variant)) for s in row] for row in sentences]
   if measure == 'lexical':
-    return [[unigram_f1(s, [output], variant) if output else 0.0 for s in row] for row in sentences]
+    reference = output if lexical_reference is None else lexical_reference
+    return [[unigram_f1(s, [reference], variant) if reference else 0.0 for s in row] for row in sentences]
   raise ValueError(f'text_scores computes strinc or lexical, not {measure!r}')
 
 

@@ -15,10 +15,19 @@ unless ``flavour=`` says otherwise:
                          contexts[{id,title,paragraph_text,is_supporting}]``; ctxs keep the given
                          paragraph order, ``is_gold`` = ``is_supporting``, ``gold_ctx`` = the
                          first supporting paragraph (all supporting ids are in ``meta``).
+``'kilt'``               KILT (FEVER, Wizard of Wikipedia, ...): ``id, input, output[{answer,
+                         provenance[{title, wikipedia_id, ...}]}]``; ``input`` is the question
+                         (a FEVER claim, a WoW dialogue history with turns on separate lines),
+                         the answers are the outputs' non-empty ``answer`` strings (a FEVER
+                         label, a WoW next turn); provenance-only outputs carry no answer.
+                         Optional ``ctxs`` as in ``'dpr'`` (retrieved passages, as FILCO's
+                         processed files have); ``meta.provenance_titles`` lists the gold
+                         Wikipedia pages.
 =======================  ===================================================================
 
 :func:`read_hf` reads the Hugging Face ``datasets`` versions (``nq_open``,
-``trivia_qa`` rc.nocontext, ``hotpot_qa`` distractor) when the hub is reachable;
+``trivia_qa`` rc.nocontext, ``hotpot_qa`` distractor, ``kilt_tasks`` fever / wow) when
+the hub is reachable;
 offline it raises :class:`HubUnavailableError` saying so.
 
 Errors name file, line and field (:class:`schema.DataError`). With
@@ -41,7 +50,7 @@ import numpy as np
 from recomp_jax.data.schema import (DataError, Example, FilterReport, Location, Passage,
                                     parse_passage, require_str, require_str_list)
 
-FLAVOURS = ('dpr', 'flashrag', 'nq_open', 'triviaqa_llmfoundry', 'hotpot_ircot')
+FLAVOURS = ('dpr', 'flashrag', 'nq_open', 'triviaqa_llmfoundry', 'hotpot_ircot', 'kilt')
 
 
 class HubUnavailableError(RuntimeError):
@@ -113,6 +122,8 @@ def detect_flavour(record: Mapping[str, Any], where: Location | None = None) -> 
   keys = set(record)
   if {'question_text', 'answers_objects'} <= keys:
     return 'hotpot_ircot'
+  if {'input', 'output'} <= keys:
+    return 'kilt'
   if 'golden_answers' in keys:
     return 'flashrag'
   if 'context' in keys and ('aliases' in keys or
@@ -231,12 +242,45 @@ def _parse_hotpot_ircot(rec, where, default_id):
                  meta={'supporting_ids': [c.id for c in supporting]})
 
 
+def _parse_kilt(rec, where, default_id):
+  ex_id = _record_id(rec, ('id',), where, default_id)
+  question = require_str(rec, 'input', where)
+  outputs = rec.get('output')
+  if not isinstance(outputs, list):
+    raise where.error('output', f'expected a list of outputs, got {type(outputs).__name__}')
+  answers, titles = [], []
+  for i, out in enumerate(outputs):
+    if not isinstance(out, Mapping):
+      raise where.error(f'output[{i}]', 'expected an object')
+    answer = out.get('answer')
+    if answer is not None and not isinstance(answer, str):
+      raise where.error(f'output[{i}].answer', f'expected a string, got {type(answer).__name__}')
+    if answer and answer.strip():
+      answers.append(answer.strip())
+    provenance = out.get('provenance') or []
+    if not isinstance(provenance, list):
+      raise where.error(f'output[{i}].provenance', 'expected a list')
+    for j, p in enumerate(provenance):
+      if not isinstance(p, Mapping):
+        raise where.error(f'output[{i}].provenance[{j}]', 'expected an object')
+      if isinstance(p.get('title'), str) and p['title'].strip():
+        titles.append(p['title'].strip())
+  if not answers:
+    raise where.error('output', 'no output has a non-empty answer')
+  meta = rec.get('meta') or {}
+  if not isinstance(meta, Mapping):
+    raise where.error('meta', f'expected an object, got {type(meta).__name__}')
+  return Example(ex_id, question, _dedup(answers), _parse_ctxs(rec, 'ctxs', where, ex_id),
+                 meta={**dict(meta), 'provenance_titles': _dedup(titles)})
+
+
 _PARSERS: dict[str, Callable[[Mapping[str, Any], Location, str], Example]] = {
     'dpr': _parse_dpr,
     'flashrag': _parse_flashrag,
     'nq_open': _parse_nq_open,
     'triviaqa_llmfoundry': _parse_triviaqa_llmfoundry,
     'hotpot_ircot': _parse_hotpot_ircot,
+    'kilt': _parse_kilt,
 }
 
 
@@ -393,6 +437,7 @@ HF_DATASETS = {
     'nq_open': ('nq_open', None),
     'trivia_qa': ('trivia_qa', 'rc.nocontext'),
     'hotpot_qa': ('hotpot_qa', 'distractor'),
+    'kilt_tasks': ('facebook/kilt_tasks', None),  # config: fever, wow, ... (a KILT task)
 }
 
 
@@ -427,12 +472,14 @@ def _from_hf_hotpot_qa(row, where, default_id):
 
 
 _HF_PARSERS = {'nq_open': _from_hf_nq_open, 'trivia_qa': _from_hf_trivia_qa,
-               'hotpot_qa': _from_hf_hotpot_qa}
+               'hotpot_qa': _from_hf_hotpot_qa, 'kilt_tasks': _parse_kilt}
 
 
 def read_hf(name: str, split: str, *, config: str | None = None, limit: int | None = None,
             report: FilterReport | None = None, cache_dir: str | None = None) -> list[Example]:
-  """Loads ``nq_open``, ``trivia_qa`` (rc.nocontext) or ``hotpot_qa`` (distractor) from the hub.
+  """Loads ``nq_open``, ``trivia_qa`` (rc.nocontext), ``hotpot_qa`` (distractor) or a
+  ``kilt_tasks`` task (``config='fever'`` or ``'wow'``; the KILT test splits have no outputs,
+  so evaluate on ``validation`` as the FILCO paper does) from the hub.
 
   ``datasets`` is imported lazily. Any failure to load (offline machine,
   ``HF_HUB_OFFLINE=1``, missing package) raises :class:`HubUnavailableError` with the
@@ -442,6 +489,8 @@ def read_hf(name: str, split: str, *, config: str | None = None, limit: int | No
     raise ValueError(f'unknown HF dataset {name!r}; expected one of {sorted(HF_DATASETS)}')
   hub_path, default_config = HF_DATASETS[name]
   config = config or default_config
+  if name == 'kilt_tasks' and not config:
+    raise ValueError("read_hf('kilt_tasks') needs config= the KILT task ('fever', 'wow', ...)")
   origin = f'hf://{hub_path}' + (f'/{config}' if config else '') + f'/{split}'
   try:
     import datasets  # pylint: disable=import-outside-toplevel

@@ -170,8 +170,9 @@ def load_results(path: PathLike) -> dict:
 
 
 def main_metric(dataset: str) -> str:
-  """The dataset's main metric: ``'f1'`` for HotpotQA, ``'em'`` otherwise."""
-  return 'f1' if dataset.lower() == 'hotpotqa' else 'em'
+  """The dataset's main metric: ``'f1'`` for HotpotQA and Wizard of Wikipedia (unigram F1,
+  as KILT scores it), ``'em'`` otherwise (for FEVER: the accuracy of the label)."""
+  return 'f1' if dataset.lower() in ('hotpotqa', 'wow') else 'em'
 
 
 def _fmt(x: float, digits: int = 1) -> str:

@@ -69,15 +69,22 @@ def measure_threshold(config) -> float | None:
 
 
 def silver_records(reader, examples: Sequence[Example], *, top_docs: int, measure: str, variant: str,
-                   threshold: float | None) -> list[dict]:
-  """One record per example: sentences ``[P][S]``, scores, ``t_silver`` and PSG labels ``[P]``."""
+                   threshold: float | None, lexical_against: str = 'output') -> list[dict]:
+  """One record per example: sentences ``[P][S]``, scores, ``t_silver`` and PSG labels ``[P]``.
+
+  ``lexical_against``: ``'output'`` or ``'query'`` (fact verification: LEXICAL compares
+  sentences with the claim, §2.2).
+  """
+  if lexical_against not in ('output', 'query'):
+    raise ValueError(f"filco.lexical_against must be 'output' or 'query', got {lexical_against!r}")
   passages = [e.ctxs[:top_docs] for e in examples]
   sentences = [filco.passage_sentences(p) for p in passages]
   outputs = [filco.canonical_output(e.answers, p) for e, p in zip(examples, passages)]
   if measure == 'cxmi':
     scores = filco.cxmi_scores(reader, [e.question for e in examples], sentences, outputs, variant)
   else:
-    scores = [filco.text_scores(s, o, e.answers, measure, variant)
+    scores = [filco.text_scores(s, o, e.answers, measure, variant,
+                                lexical_reference=e.question if lexical_against == 'query' else None)
               for s, o, e in zip(sentences, outputs, examples)]
   out = []
   for e, sents, score, o in zip(examples, sentences, scores, outputs):
@@ -102,7 +109,8 @@ def stage_silver(config, ctx: Context, directory: str) -> dict:
     todo = [e for e in examples if e.id not in out]
     for part in batched(todo, f.questions_per_call):
       for record in silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
-                                   variant=f.variant, threshold=measure_threshold(config)):
+                                   variant=f.variant, threshold=measure_threshold(config),
+                                   lexical_against=f.lexical_against):
         out.append(record)
     out.close()
     report = FilterReport(f'silver_{split}')
@@ -304,6 +312,9 @@ class FilcoSystem(System):
       raise shared.PipelineError(f'filco.measure must be one of {filco.MEASURES}, got {config.filco.measure!r}')
     if config.filco.variant not in filco.VARIANTS:
       raise shared.PipelineError(f'filco.variant must be one of {filco.VARIANTS}, got {config.filco.variant!r}')
+    if config.filco.lexical_against not in ('output', 'query'):
+      raise shared.PipelineError("filco.lexical_against must be 'output' or 'query', "
+                                 f'got {config.filco.lexical_against!r}')
     if not shared.trains(config):
       raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
 
@@ -312,7 +323,9 @@ class FilcoSystem(System):
     from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
-    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k != 'questions_per_call'},
+    # lexical_against joins the fingerprint only when set, so earlier runs keep theirs.
+    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k != 'questions_per_call'
+                               and (k != 'lexical_against' or v != 'output')},
                      'top_docs': config.candidates.top_docs}
     if config.filco.measure == 'cxmi':
       silver_inputs.update(reader_inputs(config))

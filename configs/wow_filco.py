@@ -1,0 +1,22 @@
+"""FILCO on Wizard of Wikipedia (KILT): the next dialogue turn, scored by unigram F1.
+
+Silver contexts by CXMI (§4; §5's Table 4 prefers LEXICAL: --config.filco.measure=lexical)
+-> filter model -> generator trained on filtered context.
+
+Presets (``--config=configs/wow_filco.py:PRESET``; details in
+``recomp_jax.pipelines.defaults.filco_experiment``):
+  paper:  ``facebook/kilt_tasks`` (wow) from the hub, train / validation (KILT hides its test
+          outputs), dense retrieval over --config.retrieval.corpus_path (KILT's Wikipedia
+          passages), FLAN-T5-XL filter model and generator, top-1 passage.
+
+Local KILT files (with retrieved passages in ``ctxs``, as FILCO's processed data has) read
+with --config.data.source=jsonl --config.data.train_path=... --config.data.eval_path=...
+(the 'kilt' flavour of ``recomp_jax.data.formats``). No offline preset: no copy of the
+KILT data ships here.
+"""
+
+from recomp_jax.pipelines.defaults import filco_experiment
+
+
+def get_config(preset: str = 'paper'):
+  return filco_experiment('wow', preset)
