@@ -569,7 +569,7 @@ class ExtractiveSystem(System):
       dev_cands = [dev_candidates[e.id] for e in dev]
       for seed, d in sorted(main_dirs.items()):
         path = os.path.join(directory, f'threshold_seed{seed}.json')
-        if not os.path.exists(path):
+        if not sharding.broadcast_from_main(os.path.exists(path)):  # tuning is a collective
           tuned = tune_threshold(models, dev, dev_cands, trained_ranker(d)()([e.question for e in dev], dev_cands),
                                  max_sentences=config.eval.threshold_max_sentences)
           with sharding.open_on_main(path + '.tmp') as f:

@@ -190,7 +190,8 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
   summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
                               directory=directory, export=export,
                               probe=probe(tokenizer) if probe is not None else None)
-  if not os.path.exists(os.path.join(best_dir, 'config.json')):
+  # Process 0's answer for all: exporting is a collective (sharded parameters are gathered).
+  if not sharding.broadcast_from_main(os.path.exists(os.path.join(best_dir, 'config.json'))):
     export(trained)
   return {**summary, 'source': pretrained.source_dir}
 
