@@ -111,11 +111,9 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   if not sharding.is_main_process():
     return None
   from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.stages import ResumableJsonl  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.stages import read_records  # pylint: disable=import-outside-toplevel
   config, summaries = ctx.config, ctx.summaries
-  done = ResumableJsonl(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
-  done.close()
-  records = done.records
+  records = read_records(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
   rows, per_example = rows_lib.aggregate_rows(
       records, system.row_keys, name=lambda key: system.row_name(key, config),
       out_key=lambda key: system.output_key(key, config))

@@ -145,6 +145,30 @@ def manifest_problems(directory: str, manifest: dict) -> list[str]:
   return problems
 
 
+def _intact_records(path: str, key: str) -> tuple[dict[str, dict], int]:
+  """The complete records of a JSONL file by ``key``, and the bytes they span (a truncated or
+  unparsable line ends the file: a kill mid-write)."""
+  records: dict[str, dict] = {}
+  good_bytes = 0
+  if os.path.exists(path):
+    with open(path, 'rb') as f:
+      for raw in f:
+        if not raw.endswith(b'\n'):
+          break
+        try:
+          record = json.loads(raw)
+        except json.JSONDecodeError:
+          break
+        records[str(record[key])] = record
+        good_bytes += len(raw)
+  return records, good_bytes
+
+
+def read_records(path: str, key: str = 'id') -> dict[str, dict]:
+  """The intact records of a :class:`ResumableJsonl` file, read-only (on any one process)."""
+  return _intact_records(path, key)[0]
+
+
 class ResumableJsonl:
   """An append-only JSONL file of records keyed by ``key``; survives being killed.
 
@@ -156,20 +180,9 @@ class ResumableJsonl:
   def __init__(self, path: str, key: str = 'id'):
     self.path = path
     self.key = key
-    self.records: dict[str, dict] = {}
     self._writer = sharding.is_main_process()
+    self.records, good_bytes = _intact_records(path, key)
     if os.path.exists(path):
-      good_bytes = 0
-      with open(path, 'rb') as f:
-        for raw in f:
-          if not raw.endswith(b'\n'):
-            break
-          try:
-            record = json.loads(raw)
-          except json.JSONDecodeError:
-            break
-          self.records[str(record[key])] = record
-          good_bytes += len(raw)
       if good_bytes != os.path.getsize(path) and self._writer:
         logging.warning('%s: dropping a partially written last record', path)
         with open(path, 'r+b') as f:
@@ -178,7 +191,8 @@ class ResumableJsonl:
     if self._writer:
       os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
       self._file = open(path, 'a', encoding='utf-8')
-    # Every process must resume from the same records before process 0 appends more.
+    # Every process must resume from the same records before process 0 appends more: so every
+    # process opens it, in the same order (a read on one process alone: read_records).
     sharding.sync_processes(f'resumable {path}')
 
   def __contains__(self, key: str) -> bool:

@@ -47,6 +47,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from recomp_jax import allocator
 from recomp_jax import sharding as sharding_lib
 from recomp_jax.training.checkpointer import Checkpointer
 from recomp_jax.training.optim import OptimizerConfig, applied_updates, learning_rate_schedule, make_optimizer
@@ -789,6 +790,9 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
 
       def run_eval(step: int) -> dict[str, float]:
         values = {f'eval/{k}': float(v) for k, v in eval_fn(state.model(), step).items()}
+        # Evaluation (dev loss, generation for the probe) has other shapes than the step: hand
+        # its freed pages back rather than keep both working sets (allocator.py says why).
+        allocator.release_free_memory()
         writer.write_scalars(step, values)
         logger.info('step %d: %s', step, format_metrics(values))
         return values
