@@ -21,7 +21,6 @@ import os
 import re
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
