@@ -5,8 +5,6 @@ same stages), the rows and the abstractive columns; plus the pieces on their own
 import json
 import os
 
-import jax
-import numpy as np
 import pytest
 from flax import nnx
 
