@@ -38,7 +38,7 @@ from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, batched
+from recomp_jax.pipelines.stages import ResumableJsonl, batched, progress
 from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
@@ -202,9 +202,7 @@ def critic_split(reader, examples: Sequence[Example], samples: dict[str, list[st
   ``both_wrong`` as :func:`recomp_jax.compressors.abstractive.critic_qa`."""
   out = ResumableJsonl(out_path)
   todo = [e for e in examples if e.id not in out]
-  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
-  with tqdm(total=len(todo), desc=f'critic {os.path.basename(out_path)}', dynamic_ncols=True,
-            disable=not todo) as bar:
+  with progress(len(todo), f'critic {os.path.basename(out_path)}') as bar:
     for part in batched(todo, chunk):
       targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
                                       [samples[e.id] for e in part], ids=[e.id for e in part],
@@ -357,8 +355,7 @@ def compress_split(compressor: Compressor, examples: Sequence[Example], top_docs
   """The compressor's summary of every example, appended to ``out_path`` (resumable)."""
   out = ResumableJsonl(out_path)
   todo = [e for e in examples if e.id not in out]
-  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
-  with tqdm(total=len(todo), desc='compress', dynamic_ncols=True, disable=not todo) as bar:
+  with progress(len(todo), 'compress') as bar:
     for part in batched(todo, chunk):
       for e, text in zip(part, compressor.compress([e.question for e in part], [e.ctxs[:top_docs] for e in part])):
         out.append({'id': e.id, 'summary': text})

@@ -40,7 +40,7 @@ from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.shared import Resources
-from recomp_jax.pipelines.stages import ResumableJsonl, batched
+from recomp_jax.pipelines.stages import ResumableJsonl, batched, progress
 from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
@@ -180,9 +180,7 @@ def label_split(models: Resources, examples: Sequence[Example], candidates: dict
   todo = [e for e in examples if e.id not in out]
   if todo:
     logging.info('labelling %d examples (%d already done) -> %s', len(todo), len(out), out_path)
-  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
-  with tqdm(total=len(todo), desc=f'label {os.path.basename(out_path)}', dynamic_ncols=True,
-            disable=not todo) as bar:
+  with progress(len(todo), f'label {os.path.basename(out_path)}') as bar:
     for chunk in batched(todo, questions_per_call):
       questions = [e.question for e in chunk]
       cands = [candidates[e.id] for e in chunk]
@@ -348,7 +346,8 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
     scores = extractive.rank_candidates(encoder, dev_questions, dev_cands)
     metrics = extractive.reranked_accuracy(scores, dev_ll)
     key = config.train.select_metric
-    if best is None or metrics[key] > best['metrics'][key]:
+    # process 0's best.json decides, so every process joins the same collective export
+    if sharding.broadcast_from_main(best is None or metrics[key] > best['metrics'][key]):
       best = {'step': step, 'metrics': metrics}
       tower = model.query_model
       source = resolve_demo_model(config.encoder.model, 'encoder')
@@ -392,8 +391,7 @@ def oracle_em_choices(models: Resources, examples: Sequence[Example], candidates
   """
   out = ResumableJsonl(out_path)
   todo = [e for e in examples if e.id not in out]
-  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
-  with tqdm(total=len(todo), desc='EM oracle', dynamic_ncols=True, disable=not todo) as bar:
+  with progress(len(todo), 'EM oracle') as bar:
     for chunk in batched(todo, questions_per_call):
       order = {e.id: np.argsort(-np.asarray(labels[e.id]['loglik']), kind='stable').tolist()
                for e in chunk}

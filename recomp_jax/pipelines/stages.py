@@ -284,7 +284,10 @@ class StageRunner:
     if sharding.broadcast_from_main(skip):  # process 0 has decided and prepared the directory
       self.timings[name] = 0.0
       return self.summary(name)
-    logging.info('stage %s: running (%s)', name, directory)
+    if main or collective:
+      logging.info('stage %s: running (%s)', name, directory)
+    else:
+      logging.info('stage %s: process 0 runs it; waiting', name)
     start = time.time()
     summary = fn(directory) if (main or collective) else None
     sharding.sync_processes(f'stage {name}: computed')  # every process's work is in the files
@@ -333,6 +336,12 @@ class StageRunner:
       json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code)}, f,
                 default=str, indent=2)
     return False
+
+
+def progress(total: int, desc: str):
+  """A tqdm bar over ``total`` items, shown on process 0 only and only when there is work."""
+  from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+  return tqdm(total=total, desc=desc, dynamic_ncols=True, disable=not total or not sharding.is_main_process())
 
 
 def batched(items: list, size: int) -> Iterator[list]:

@@ -98,7 +98,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   def eval_fn(trained, step):
     nonlocal best
     metrics = dev_loss(trained, step)
-    if best is None or metrics['loss'] < best['metrics']['loss']:
+    # process 0's best.json decides, so every process joins the same collective export
+    if sharding.broadcast_from_main(best is None or metrics['loss'] < best['metrics']['loss']):
       best = {'step': step, 'metrics': metrics}
       export(trained)
       with sharding.open_on_main(best_file) as f:
