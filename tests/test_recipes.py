@@ -96,6 +96,41 @@ def test_head_on_target_positions_only_gives_the_full_heads_gradients():
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-4, atol=1e-6)
 
 
+def test_pack_first_fit_keeps_order_and_fills_earlier_rows():
+  assert recipes.pack_first_fit([5, 4, 3, 2, 6], 8) == [[0, 2], [1, 3], [4]]
+  with pytest.raises(ValueError, match='sequence 1 has 9 tokens'):
+    recipes.pack_first_fit([3, 9], 8)
+
+
+def test_packed_rows_give_the_unpacked_loss_and_gradients():
+  """Packing six examples into fewer rows changes the shapes, not the token-mean loss or
+  its gradients; each row's compact targets are its segments' targets in order."""
+  tok = char_tokenizer(VOCAB)
+  model = _gemma()
+  prompts_ = PROMPTS[:2] + ['q: 3+3?', 'question: who wrote it?'] + PROMPTS[:2]
+  targets = TARGETS[:2] + ['6', 'she did'] + ['', 'four']
+  plain = recipes.causal_lm_arrays(tok, prompts_, targets, max_length=96)
+  packed = recipes.causal_lm_arrays(tok, prompts_, targets, max_length=96, pack=True)
+  assert plain['input_ids'].shape == (6, 64) and packed['input_ids'].shape == (4, 64)
+  assert packed['segment_ids'].max() == 3 and packed['attention_mask'].sum() == plain['attention_mask'].sum()
+  assert packed['loss_mask'].sum() == plain['loss_mask'].sum() == packed['target_mask'].sum()
+  for r in range(4):
+    positions = packed['target_positions'][r][packed['target_mask'][r] > 0]
+    np.testing.assert_array_equal(positions, np.flatnonzero(packed['loss_mask'][r]))
+  for head_only in (True, False):
+    loss_fn = recipes.causal_lm_loss_fn(head_on_targets_only=head_only)
+    loss_plain, loss_packed = float(loss_fn(model, plain, None)[0]), float(loss_fn(model, packed, None)[0])
+    assert loss_packed == pytest.approx(loss_plain, rel=1e-5)
+  loss_fn = recipes.causal_lm_loss_fn()
+  g_plain = nnx.grad(lambda m: loss_fn(m, plain, None)[0])(model)
+  g_packed = nnx.grad(lambda m: loss_fn(m, packed, None)[0])(model)
+  for x, y in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_packed)):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=2e-4, atol=1e-6)
+  # Without the segment ids the rows' later examples would read their neighbours.
+  leaky = {k: v for k, v in packed.items() if k != 'segment_ids'}
+  assert abs(float(loss_fn(model, leaky, None)[0]) - float(loss_fn(model, packed, None)[0])) > 1e-4
+
+
 def test_seq2seq_loss_matches_float64_reference():
   tok = char_tokenizer(VOCAB, seq2seq=True)
   model = _t5()

@@ -447,6 +447,19 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 # ----------------------------------------------------------------------------
 
 
+def _segment_start_values(values: jax.Array, segment_ids: jax.Array) -> jax.Array:
+  """``[B, T]``: at every token, ``values`` at the first token of its segment.
+
+  Segments are contiguous runs of one id; the value is carried forward from each run's
+  start with a running maximum of start indices.
+  """
+  t = segment_ids.shape[1]
+  index = jnp.arange(t, dtype=jnp.int32)[None, :]
+  previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+  start_index = jax.lax.cummax(jnp.where(segment_ids != previous, index, 0), axis=1)
+  return jnp.take_along_axis(values, start_index, axis=1)
+
+
 def _rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
   """RoPE ("rotate half" layout) with precomputed ``sin, cos [B, T, H/2]``; ``x [B, T, N, H]``."""
   x32 = x.astype(jnp.float32)
@@ -629,12 +642,14 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
     return _attention(q, k, v, mask, cached, scale=self.config.attention_scale,
                       softcap=self.config.attn_logit_softcapping)
 
-  def _chunk_masks(self, valid: jax.Array) -> dict[bool, jax.Array]:
+  def _chunk_masks(self, valid: jax.Array, segment_ids: jax.Array | None = None
+                   ) -> dict[bool, jax.Array]:
     """``{is_sliding: [B, 1, T, T]}`` masks of a chunk attending to itself (``valid [B, T]``).
 
     Sliding windows count real tokens (positions), like :func:`_history_mask`, so
     padding inside a row does not narrow them; with padding only at the ends this
-    is the usual index window.
+    is the usual index window. ``segment_ids [B, T]`` (packed rows) also keeps each
+    token's attention inside its own segment.
     """
     t = valid.shape[1]
     q_idx = jnp.arange(t)[:, None]
@@ -649,25 +664,35 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
       full = k_idx <= q_idx
       local = full[None] & (distance < window) if window else full[None]
     key_ok = valid[:, None, None, :]
+    if segment_ids is not None:
+      key_ok = key_ok & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
     return {False: key_ok & full[None, None], True: key_ok & local[:, None]}
 
   # -- uncached forward ---------------------------------------------------------
 
   def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                    positions: jax.Array | None = None) -> jax.Array:
+                    positions: jax.Array | None = None, segment_ids: jax.Array | None = None
+                    ) -> jax.Array:
     """Final-normed hidden states ``[B, T, D]``.
 
     Args:
       input_ids: ``[B, T]`` int token ids.
       attention_mask: ``[B, T]`` 1 for real tokens, 0 for padding (any side).
-      positions: ``[B, T]`` RoPE positions; default ``cumsum(mask) - 1``.
+      positions: ``[B, T]`` RoPE positions; default ``cumsum(mask) - 1``, restarted at
+        each segment when ``segment_ids`` is given.
+      segment_ids: ``[B, T]`` for packed rows (several sequences, each contiguous, one
+        after another): 1, 2, ... per sequence, 0 on padding. A token attends only within
+        its segment, so each sequence gets the states it would get alone in its own row.
     """
     if attention_mask is None:
-      attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+      attention_mask = (jnp.ones(input_ids.shape, jnp.int32) if segment_ids is None
+                        else (segment_ids > 0).astype(jnp.int32))
     valid = attention_mask.astype(bool)
     if positions is None:
       positions = jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0)
-    masks = self._chunk_masks(valid)
+      if segment_ids is not None:
+        positions = positions - _segment_start_values(positions, segment_ids)
+    masks = self._chunk_masks(valid, segment_ids)
     ropes = self._rope_tables(positions)
     sliding = np.array([self.config.is_sliding(i) for i in range(self.config.num_layers)])
 
@@ -685,9 +710,10 @@ class GemmaModel(layers.LayerExecution, nnx.Module):
     return self.final_norm(x)
 
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
-    """``[B, T]`` ids (and mask) -> ``[B, T, V]`` logits."""
-    return self.logits(self.hidden_states(input_ids, attention_mask, positions))
+               positions: jax.Array | None = None, segment_ids: jax.Array | None = None
+               ) -> jax.Array:
+    """``[B, T]`` ids (and mask, or packed ``segment_ids``) -> ``[B, T, V]`` logits."""
+    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
 
   # -- cached forward -----------------------------------------------------------
 

@@ -182,6 +182,7 @@ def abstractive_config() -> ml_collections.ConfigDict:
   c.compressor.max_new_tokens = 128
   c.compressor.generate_batch_size = 8
   c.compressor.microbatch = 2  # rows per gradient microbatch (a batch is accumulated over them)
+  c.compressor.pack = False  # True: several pairs per row (decoder-only; see training/finetune.py)
   c.compressor.remat = True  # recompute layer activations in the backward pass (memory)
   c.compressor.scan_layers = False
   return c
@@ -260,6 +261,9 @@ def _lm_section(model: str = '', *, max_source_length: int, max_target_length: i
   s.max_new_tokens = max_new_tokens
   s.generate_batch_size = 8
   s.microbatch = 2  # rows per gradient microbatch (a batch is accumulated over them)
+  # Several (prompt, target) pairs per row, attention kept within each (decoder-only models;
+  # T5 raises): the same loss without the padding compute. finetune.py says how a batch counts.
+  s.pack = True
   s.remat = True
   s.scan_layers = False
   return s
@@ -322,6 +326,7 @@ def filco_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
     dataset_data(c, dataset, 'paper')
     c.candidates.top_docs = 1
     c.filter.model = c.generator.model = 'google/flan-t5-xl'
+    c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
     if dataset == 'wow':
       c.generator.max_target_length = c.generator.max_new_tokens = 64  # a dialogue turn
   elif preset == 'shared':

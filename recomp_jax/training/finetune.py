@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Callable, Sequence
 
 import numpy as np
+from absl import logging
 
 from recomp_jax import sharding
 
@@ -37,15 +39,21 @@ def is_seq2seq(model) -> bool:
 
 
 def lm_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
-              max_source_length: int, max_target_length: int, report) -> dict[str, np.ndarray]:
-  """Training arrays of ``(prompt, target)`` pairs: seq2seq for T5, prompt-masked causal LM for Gemma."""
+              max_source_length: int, max_target_length: int, report, pack: bool = False
+              ) -> dict[str, np.ndarray]:
+  """Training arrays of ``(prompt, target)`` pairs: seq2seq for T5, prompt-masked causal LM for Gemma.
+
+  ``pack``: several pairs per row (decoder-only models; :func:`recipes.causal_lm_arrays`).
+  """
   from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
   if is_seq2seq(model):
+    if pack:
+      raise ValueError('packing is implemented for decoder-only models; set pack=False for T5')
     start = model.config.decoder_start_token_id
     return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
                                   max_target_length=max_target_length,
                                   decoder_start_id=0 if start is None else int(start), report=report)
-  return recipes.causal_lm_arrays(tokenizer, prompts, targets,
+  return recipes.causal_lm_arrays(tokenizer, prompts, targets, pack=pack,
                                   max_length=max_source_length + max_target_length, report=report)
 
 
@@ -63,7 +71,10 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   A batch of ``config.train.batch_size`` runs as microbatches of ``section.microbatch``
   rows whose gradients are averaged (a Gemma 3 270M step holds ~1 GB of activations and
   logits per row on CPU; the update is that of the whole batch, the loss the mean of the
-  microbatches' token means). The best checkpoint is the one with the lowest dev loss
+  microbatches' token means). With ``section.pack`` (decoder-only models) pairs share rows
+  (:func:`recipes.causal_lm_arrays`); a step then takes the number of rows that holds
+  ``batch_size`` pairs on average, so steps and pairs per update stay those of the unpacked
+  run while the padding compute goes. The best checkpoint is the one with the lowest dev loss
   (token mean), evaluated every ``train.eval_every`` steps and at the end. ``probe(model)``,
   when given, adds monitoring metrics to each evaluation (the reader's EM / F1 on a few dev
   questions, :mod:`recomp_jax.evaluation.probe`); it never selects the checkpoint.
@@ -75,20 +86,23 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
   from recomp_jax.training.recipes import TruncationReport  # pylint: disable=import-outside-toplevel
   t = config.train
+  pack = bool(section.get('pack', False))
   report = TruncationReport()
   arrays = lm_arrays(model, tokenizer, [p for p, _ in train], [y for _, y in train],
                      max_source_length=section.max_source_length, max_target_length=section.max_target_length,
-                     report=report)
+                     report=report, pack=pack)
   dev_report = TruncationReport()
   dev_arrays = lm_arrays(model, tokenizer, [p for p, _ in dev], [y for _, y in dev],
                          max_source_length=section.max_source_length,
-                         max_target_length=section.max_target_length, report=dev_report)
-  micro = max(1, min(section.microbatch, t.batch_size, len(train)))
-  batch_size = max(micro, min(t.batch_size, len(train)) // micro * micro)
-  steps_per_epoch = max(len(train) // batch_size, 1)
+                         max_target_length=section.max_target_length, report=dev_report, pack=pack)
+  rows = int(arrays['input_ids'].shape[0])
+  wanted = min(t.batch_size, len(train)) * rows / max(len(train), 1)  # rows holding batch_size pairs
+  micro = max(1, min(section.microbatch, int(round(wanted)) or 1, rows))
+  batch_size = max(micro, int(wanted // micro) * micro)
+  steps_per_epoch = max(rows // batch_size, 1)
   num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
   loss_fn = lm_loss_fn(model)
-  dev_batch = max(1, min(micro, len(dev)))
+  dev_batch = max(1, min(micro, int(dev_arrays['input_ids'].shape[0])))
   mesh = sharding.mesh_from_config(config)
   dev_loss = train_lib.make_loss_evaluator(
       loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
@@ -97,15 +111,25 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
 
   def eval_fn(trained, step):
     nonlocal best
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+      clock.append(time.perf_counter())
+      return clock[-1] - clock[-2]
+
     metrics = dev_loss(trained, step)
+    seconds = {'dev_loss': lap()}
     # process 0's best.json decides, so every process joins the same collective export
     if sharding.broadcast_from_main(best is None or metrics['loss'] < best['metrics']['loss']):
       best = {'step': step, 'metrics': metrics}
       export(trained)
       with sharding.open_on_main(best_file) as f:
         json.dump(best, f)
+      seconds['export'] = lap()
     if probe is not None:
       metrics = {**metrics, **probe(trained)}
+      seconds['probe'] = lap()
+    logging.info('step %d evaluation: %s', step, ', '.join(f'{k} {v:.1f}s' for k, v in seconds.items()))
     return metrics
 
   train_config = {
@@ -121,7 +145,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
                            eval_fn if dev else None, workdir=directory, mesh=mesh)
   if result.preempted:
     raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  summary = {'examples': len(train), 'dev_examples': len(dev), 'steps': num_steps, 'batch_size': batch_size,
+  summary = {'examples': len(train), 'dev_examples': len(dev), 'rows': rows, 'packed': pack,
+             'row_fill': float(arrays['attention_mask'].mean()), 'steps': num_steps, 'batch_size': batch_size,
              'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
              'final_metrics': result.metrics}

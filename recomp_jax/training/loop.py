@@ -784,17 +784,20 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
         nonlocal last_saved
         if last_saved == step:
           return
+        began = time.perf_counter()
         meta = {'step': step, 'data': train_iter.get_state() if resumable else None}
         checkpointer.save(step, state.checkpoint_tree(), meta=meta, metrics=metrics)
         last_saved = step
+        writer.write_scalars(step, {'perf/checkpoint_seconds': time.perf_counter() - began})
 
       def run_eval(step: int) -> dict[str, float]:
+        began = time.perf_counter()
         values = {f'eval/{k}': float(v) for k, v in eval_fn(state.model(), step).items()}
         # Evaluation (dev loss, generation for the probe) has other shapes than the step: hand
         # its freed pages back rather than keep both working sets (allocator.py says why).
         allocator.release_free_memory()
-        writer.write_scalars(step, values)
-        logger.info('step %d: %s', step, format_metrics(values))
+        writer.write_scalars(step, {**values, 'perf/eval_seconds': time.perf_counter() - began})
+        logger.info('step %d: %s (%.1fs)', step, format_metrics(values), time.perf_counter() - began)
         return values
 
       with PreemptionGuard() as guard:

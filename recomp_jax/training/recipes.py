@@ -50,14 +50,41 @@ def _bos_id(tokenizer) -> int | None:
   return getattr(tokenizer, 'bos_token_id', None)
 
 
+def pack_first_fit(lengths: Sequence[int], width: int) -> list[list[int]]:
+  """Sequence indices grouped into rows of at most ``width`` tokens, first fit in order.
+
+  Deterministic: sequence ``i`` goes to the first row with room, so rows keep the input
+  order inside them. Every length must be at most ``width``.
+  """
+  rows: list[list[int]] = []
+  room: list[int] = []
+  for i, n in enumerate(lengths):
+    if n > width:
+      raise ValueError(f'sequence {i} has {n} tokens, more than the row width {width}')
+    for r, free in enumerate(room):
+      if n <= free:
+        rows[r].append(i)
+        room[r] -= n
+        break
+    else:
+      rows.append([i])
+      room.append(width - n)
+  return rows
+
+
 def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
                      max_length: int, add_bos: bool = True, add_eos: bool = True,
-                     pad_id: int | None = None, report: TruncationReport | None = None
-                     ) -> dict[str, np.ndarray]:
+                     pad_id: int | None = None, report: TruncationReport | None = None,
+                     pack: bool = False) -> dict[str, np.ndarray]:
   """Arrays for prompt-masked causal-LM fine-tuning.
 
   Row ``i`` is ``[BOS] prompt_i target_i [EOS]`` right-padded; position ``t`` predicts
-  token ``t + 1``.
+  token ``t + 1``. With ``pack``, sequences share rows (:func:`pack_first_fit` into the
+  width the longest one needs): ``N`` becomes the number of rows ``R``, a
+  ``segment_ids [R, L]`` array (1, 2, ... per sequence, 0 on padding) keeps each
+  sequence's attention and positions its own (:meth:`GemmaModel.hidden_states`), and the
+  token-mean loss is unchanged while the padding FLOPs go (a row of a 150-token mean
+  padded to 256 wastes 40%). A batch is then ``B`` rows, not ``B`` examples.
 
   Args:
     tokenizer: a Hugging Face tokenizer (prompt and target are tokenised separately, so
@@ -100,29 +127,42 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
     rows.append(head + prompt + target + tail)
     starts.append(len(head) + len(prompt))  # index of the first target (or EOS) token
   length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
-  n = len(rows)
+  groups = pack_first_fit([len(r) for r in rows], length) if pack else [[i] for i in range(len(rows))]
+  n = len(groups)
   input_ids = np.full((n, length), pad, np.int32)
-  attention_mask = np.zeros((n, length), np.int32)
+  segment_ids = np.zeros((n, length), np.int32)
   next_ids = np.full((n, length), pad, np.int32)
   loss_mask = np.zeros((n, length), np.float32)
-  for i, (row, start) in enumerate(zip(rows, starts)):
-    input_ids[i, :len(row)] = row
-    attention_mask[i, :len(row)] = 1
-    next_ids[i, :len(row) - 1] = row[1:]
-    # Position t predicts row[t + 1]: the target tokens are predicted from positions start-1 ...
-    loss_mask[i, max(start - 1, 0):len(row) - 1] = 1.0
-  spans = [(max(start - 1, 0), len(row) - 1) for row, start in zip(rows, starts)]
-  width = bucket_length(max((b - a for a, b in spans), default=1), TARGET_BUCKETS)
+  spans: list[list[tuple[int, int]]] = []  # per row: [a, b) positions predicting a target
+  for r, group in enumerate(groups):
+    offset, spans_r = 0, []
+    for segment, i in enumerate(group, 1):
+      row, start = rows[i], starts[i]
+      end = offset + len(row)
+      input_ids[r, offset:end] = row
+      segment_ids[r, offset:end] = segment
+      next_ids[r, offset:end - 1] = row[1:]
+      # Position t predicts row[t + 1]: the target tokens are predicted from positions start-1 ...
+      a, b = offset + max(start - 1, 0), end - 1
+      loss_mask[r, a:b] = 1.0
+      spans_r.append((a, b))
+      offset = end
+    spans.append(spans_r)
+  width = bucket_length(max((sum(b - a for a, b in s) for s in spans), default=1), TARGET_BUCKETS)
   target_positions = np.zeros((n, width), np.int32)
   target_ids = np.full((n, width), pad, np.int32)
   target_mask = np.zeros((n, width), np.float32)
-  for i, (a, b) in enumerate(spans):
-    target_positions[i, :b - a] = np.arange(a, b)
-    target_ids[i, :b - a] = next_ids[i, a:b]
-    target_mask[i, :b - a] = 1.0
-  return {'input_ids': input_ids, 'attention_mask': attention_mask, 'targets': next_ids,
-          'loss_mask': loss_mask, 'target_positions': target_positions, 'target_ids': target_ids,
-          'target_mask': target_mask}
+  for r, spans_r in enumerate(spans):
+    positions = np.concatenate([np.arange(a, b) for a, b in spans_r]).astype(np.int32)
+    target_positions[r, :len(positions)] = positions
+    target_ids[r, :len(positions)] = next_ids[r, positions]
+    target_mask[r, :len(positions)] = 1.0
+  out = {'input_ids': input_ids, 'attention_mask': (segment_ids > 0).astype(np.int32), 'targets': next_ids,
+         'loss_mask': loss_mask, 'target_positions': target_positions, 'target_ids': target_ids,
+         'target_mask': target_mask}
+  if pack:
+    out['segment_ids'] = segment_ids
+  return out
 
 
 def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mean',
@@ -134,17 +174,19 @@ def causal_lm_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_m
   :class:`~recomp_jax.models.gemma.GemmaModel`) the hidden states ``[B, L, D]`` are
   gathered at ``target_positions`` to ``[B, A, D]`` before the output head, so logits are
   ``[B, A, V]``; otherwise ``model(input_ids, attention_mask) -> [B, L, V]`` and the
-  ``loss_mask`` positions count. Both give the same loss.
+  ``loss_mask`` positions count. Both give the same loss. Packed batches (``segment_ids``,
+  :func:`causal_lm_arrays` with ``pack``) are passed on to the model.
   """
 
   def loss_fn(model, batch, rng):
     del rng  # no dropout in the decoder-only recipe
+    packed = {'segment_ids': batch['segment_ids']} if 'segment_ids' in batch else {}
     if head_on_targets_only:
-      hidden = model.hidden_states(batch['input_ids'], batch['attention_mask'])  # [B, L, D]
+      hidden = model.hidden_states(batch['input_ids'], batch['attention_mask'], **packed)  # [B, L, D]
       picked = jnp.take_along_axis(hidden, batch['target_positions'][..., None], axis=1)  # [B, A, D]
       return losses.seq2seq_loss(model.logits(picked), batch['target_ids'], batch['target_mask'],
                                  label_smoothing=label_smoothing, reduction=reduction)
-    logits = model(batch['input_ids'], batch['attention_mask'])  # [B, L, V]
+    logits = model(batch['input_ids'], batch['attention_mask'], **packed)  # [B, L, V]
     return losses.seq2seq_loss(logits, batch['targets'], batch['loss_mask'],
                                label_smoothing=label_smoothing, reduction=reduction)
 
@@ -206,5 +248,5 @@ def seq2seq_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mea
   return loss_fn
 
 
-__all__ = ['TruncationReport', 'causal_lm_arrays', 'causal_lm_loss_fn', 'seq2seq_arrays',
-           'seq2seq_loss_fn']
+__all__ = ['TruncationReport', 'causal_lm_arrays', 'causal_lm_loss_fn', 'pack_first_fit',
+           'seq2seq_arrays', 'seq2seq_loss_fn']
