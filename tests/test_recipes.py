@@ -98,6 +98,8 @@ def test_head_on_target_positions_only_gives_the_full_heads_gradients():
 
 def test_pack_first_fit_keeps_order_and_fills_earlier_rows():
   assert recipes.pack_first_fit([5, 4, 3, 2, 6], 8) == [[0, 2], [1, 3], [4]]
+  # A row also holds at most target_width target tokens: 2 no longer joins 0.
+  assert recipes.pack_first_fit([5, 4, 3, 2, 6], 8, [3, 1, 2, 1, 1], 4) == [[0, 3], [1, 2], [4]]
   with pytest.raises(ValueError, match='sequence 1 has 9 tokens'):
     recipes.pack_first_fit([3, 9], 8)
 
@@ -111,10 +113,12 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients():
   targets = TARGETS[:2] + ['6', 'she did'] + ['', 'four']
   plain = recipes.causal_lm_arrays(tok, prompts_, targets, max_length=96)
   packed = recipes.causal_lm_arrays(tok, prompts_, targets, max_length=96, pack=True)
-  assert plain['input_ids'].shape == (6, 64) and packed['input_ids'].shape == (4, 64)
-  assert packed['segment_ids'].max() == 3 and packed['attention_mask'].sum() == plain['attention_mask'].sum()
+  assert plain['input_ids'].shape == (6, 64) and packed['input_ids'].shape == (5, 64)
+  # Rows hold as many target tokens as one pair alone does (8): the head costs no more per row.
+  assert packed['target_ids'].shape == (5, 8) and plain['target_ids'].shape == (6, 8)
+  assert packed['segment_ids'].max() == 2 and packed['attention_mask'].sum() == plain['attention_mask'].sum()
   assert packed['loss_mask'].sum() == plain['loss_mask'].sum() == packed['target_mask'].sum()
-  for r in range(4):
+  for r in range(5):
     positions = packed['target_positions'][r][packed['target_mask'][r] > 0]
     np.testing.assert_array_equal(positions, np.flatnonzero(packed['loss_mask'][r]))
   for head_only in (True, False):

@@ -50,25 +50,31 @@ def _bos_id(tokenizer) -> int | None:
   return getattr(tokenizer, 'bos_token_id', None)
 
 
-def pack_first_fit(lengths: Sequence[int], width: int) -> list[list[int]]:
+def pack_first_fit(lengths: Sequence[int], width: int, target_lengths: Sequence[int] | None = None,
+                   target_width: int | None = None) -> list[list[int]]:
   """Sequence indices grouped into rows of at most ``width`` tokens, first fit in order.
 
-  Deterministic: sequence ``i`` goes to the first row with room, so rows keep the input
-  order inside them. Every length must be at most ``width``.
+  With ``target_lengths``, a row also holds at most ``target_width`` target tokens, so the
+  output head's ``[rows, A]`` slots stay those of one sequence per row (packing must not
+  move the padding from the backbone to the head). Deterministic: sequence ``i`` goes to
+  the first row with room, so rows keep the input order inside them.
   """
+  targets = list(target_lengths) if target_lengths is not None else [0] * len(lengths)
+  target_width = target_width if target_width is not None else max(targets, default=0)
   rows: list[list[int]] = []
-  room: list[int] = []
-  for i, n in enumerate(lengths):
-    if n > width:
-      raise ValueError(f'sequence {i} has {n} tokens, more than the row width {width}')
-    for r, free in enumerate(room):
-      if n <= free:
+  room: list[list[int]] = []  # per row: [free tokens, free target slots]
+  for i, (n, a) in enumerate(zip(lengths, targets)):
+    if n > width or a > target_width:
+      raise ValueError(f'sequence {i} has {n} tokens ({a} targets), more than a row holds '
+                       f'({width}, {target_width})')
+    for r, (free, free_targets) in enumerate(room):
+      if n <= free and a <= free_targets:
         rows[r].append(i)
-        room[r] -= n
+        room[r] = [free - n, free_targets - a]
         break
     else:
       rows.append([i])
-      room.append(width - n)
+      room.append([width - n, target_width - a])
   return rows
 
 
@@ -84,7 +90,8 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
   ``segment_ids [R, L]`` array (1, 2, ... per sequence, 0 on padding) keeps each
   sequence's attention and positions its own (:meth:`GemmaModel.hidden_states`), and the
   token-mean loss is unchanged while the padding FLOPs go (a row of a 150-token mean
-  padded to 256 wastes 40%). A batch is then ``B`` rows, not ``B`` examples.
+  padded to 256 wastes 40%). A row's target tokens also fit the unpacked ``A``, so the
+  head costs no more per row. A batch is then ``B`` rows, not ``B`` examples.
 
   Args:
     tokenizer: a Hugging Face tokenizer (prompt and target are tokenised separately, so
@@ -127,7 +134,10 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
     rows.append(head + prompt + target + tail)
     starts.append(len(head) + len(prompt))  # index of the first target (or EOS) token
   length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
-  groups = pack_first_fit([len(r) for r in rows], length) if pack else [[i] for i in range(len(rows))]
+  spans_alone = [len(row) - max(start - 1, 0) - 1 for row, start in zip(rows, starts)]
+  width_alone = bucket_length(max(spans_alone, default=1), TARGET_BUCKETS)
+  groups = (pack_first_fit([len(r) for r in rows], length, spans_alone, width_alone) if pack
+            else [[i] for i in range(len(rows))])
   n = len(groups)
   input_ids = np.full((n, length), pad, np.int32)
   segment_ids = np.zeros((n, length), np.int32)
@@ -148,7 +158,7 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
       spans_r.append((a, b))
       offset = end
     spans.append(spans_r)
-  width = bucket_length(max((sum(b - a for a, b in s) for s in spans), default=1), TARGET_BUCKETS)
+  width = width_alone  # packed rows never hold more target tokens than one row alone would
   target_positions = np.zeros((n, width), np.int32)
   target_ids = np.full((n, width), pad, np.int32)
   target_mask = np.zeros((n, width), np.float32)
