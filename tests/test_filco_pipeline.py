@@ -58,6 +58,9 @@ def test_ci_pipeline_end_to_end(tmp_path):
   for name in ('filter_seed0', 'psg_seed0', 'generator_full_seed0', 'generator_psg_seed0', 'generator_filco_seed0'):
     assert results['stages'][name]['steps'] == 1, name
     assert os.path.exists(stages / name / 'model_best' / 'config.json'), name
+    # The exported model stays; the finished stage's Orbax checkpoints (~3 GB at 270M) go.
+    assert not os.path.exists(stages / name / 'checkpoints'), name
+    assert results['stages'][name]['checkpoints_removed_bytes'] > 0, name
     # TensorBoard: reader EM / F1 on the dev probe (filter: the run's reader on its context;
     # generators: their own answers); the PSG model's yes/no has no probe of its own.
     scalars = read_scalars(stages / name / 'tensorboard')
