@@ -99,7 +99,9 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   rows = int(arrays['input_ids'].shape[0])
   wanted = min(t.batch_size, len(train)) * rows / max(len(train), 1)  # rows holding batch_size pairs
   micro = max(1, min(section.microbatch, int(round(wanted)) or 1, rows))
-  batch_size = max(micro, int(wanted // micro) * micro)
+  # the nearest whole number of microbatches (a batch of pairs that one row holds in 1.9
+  # must not halve), at most every row; one pair per row is the batch itself
+  batch_size = max(micro, min(int(round(wanted / micro)), rows // micro) * micro)
   steps_per_epoch = max(rows // batch_size, 1)
   num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
   loss_fn = lm_loss_fn(model)
