@@ -232,7 +232,7 @@ def drop_checkpoints(directory: str) -> int:
 
   A finished stage is never resumed from them, and a Gemma 3 270M checkpoint (parameters
   and two Adam moments, ~3.2 GB) per stage would make the FILCO demo need ~20 GB of disk.
-  Returns the bytes freed (the same on every process).
+  Returns the bytes freed on process 0 (0 on the others, which only wait for it).
   """
   path = os.path.join(directory, 'checkpoints')
   freed = 0
