@@ -104,6 +104,33 @@ def test_pack_first_fit_keeps_order_and_fills_earlier_rows():
     recipes.pack_first_fit([3, 9], 8)
 
 
+def _first_fit_by_scanning(lengths, width, targets, target_width):
+  """First fit by its definition: each sequence goes to the first row with room."""
+  rows, room = [], []
+  for i, (n, a) in enumerate(zip(lengths, targets)):
+    for r, (free, free_targets) in enumerate(room):
+      if n <= free and a <= free_targets:
+        rows[r].append(i)
+        room[r] = (free - n, free_targets - a)
+        break
+    else:
+      rows.append([i])
+      room.append((width - n, target_width - a))
+  return rows
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_pack_first_fit_matches_a_scan_of_every_row(seed):
+  """The max-tree search finds the row a scan of every row finds, in both dimensions
+  (targets uncorrelated with lengths, so subtrees often have room in one but not both)."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, 257, size=600).tolist()
+  targets = rng.integers(1, 33, size=600).tolist()
+  assert (recipes.pack_first_fit(lengths, 256, targets, 32)
+          == _first_fit_by_scanning(lengths, 256, targets, 32))
+  assert recipes.pack_first_fit(lengths, 256) == _first_fit_by_scanning(lengths, 256, [0] * 600, 0)
+
+
 def test_packed_rows_give_the_unpacked_loss_and_gradients():
   """Packing six examples into fewer rows changes the shapes, not the token-mean loss or
   its gradients; each row's compact targets are its segments' targets in order."""

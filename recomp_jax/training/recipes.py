@@ -61,21 +61,51 @@ def pack_first_fit(lengths: Sequence[int], width: int, target_lengths: Sequence[
   """
   targets = list(target_lengths) if target_lengths is not None else [0] * len(lengths)
   target_width = target_width if target_width is not None else max(targets, default=0)
+  # A max-tree over row slots (each leaf: [free tokens, free target slots]); leaves past the
+  # last open row are empty rows, so the leftmost leaf with room is the first-fit row, found
+  # in about log(rows) steps instead of a scan of every row.
+  size = 1
+  while size < max(len(lengths), 1):
+    size *= 2
+  free_tokens = [width] * (2 * size)
+  free_targets = [target_width] * (2 * size)
   rows: list[list[int]] = []
-  room: list[list[int]] = []  # per row: [free tokens, free target slots]
   for i, (n, a) in enumerate(zip(lengths, targets)):
     if n > width or a > target_width:
       raise ValueError(f'sequence {i} has {n} tokens ({a} targets), more than a row holds '
                        f'({width}, {target_width})')
-    for r, (free, free_targets) in enumerate(room):
-      if n <= free and a <= free_targets:
-        rows[r].append(i)
-        room[r] = [free - n, free_targets - a]
-        break
-    else:
-      rows.append([i])
-      room.append([width - n, target_width - a])
+    leaf = _leftmost_with_room(free_tokens, free_targets, size, n, a)
+    r = leaf - size
+    if r == len(rows):
+      rows.append([])
+    rows[r].append(i)
+    free_tokens[leaf] -= n
+    free_targets[leaf] -= a
+    node = leaf // 2
+    while node:
+      free_tokens[node] = max(free_tokens[2 * node], free_tokens[2 * node + 1])
+      free_targets[node] = max(free_targets[2 * node], free_targets[2 * node + 1])
+      node //= 2
   return rows
+
+
+def _leftmost_with_room(free_tokens: list[int], free_targets: list[int], size: int, n: int,
+                        a: int) -> int:
+  """The leftmost leaf of the max-tree with ``n`` free tokens and ``a`` free target slots.
+
+  A subtree whose maxima fall short of either is skipped; both maxima sufficing does not
+  promise one leaf has both, so the search backtracks (rarely: rows fill both together).
+  """
+  stack = [1]
+  while stack:
+    node = stack.pop()
+    if free_tokens[node] < n or free_targets[node] < a:
+      continue
+    if node >= size:
+      return node
+    stack.append(2 * node + 1)
+    stack.append(2 * node)
+  raise AssertionError('no row has room; an empty row always has')
 
 
 def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
