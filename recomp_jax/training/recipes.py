@@ -164,7 +164,9 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
     rows.append(head + prompt + target + tail)
     starts.append(len(head) + len(prompt))  # index of the first target (or EOS) token
   length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
-  spans_alone = [len(row) - max(start - 1, 0) - 1 for row, start in zip(rows, starts)]
+  # Position t predicts row[t + 1]: a row's targets are predicted from positions start-1 ... len-2.
+  first_predicting = [max(start - 1, 0) for start in starts]
+  spans_alone = [len(row) - 1 - first for row, first in zip(rows, first_predicting)]
   width_alone = bucket_length(max(spans_alone, default=1), TARGET_BUCKETS)
   groups = (pack_first_fit([len(r) for r in rows], length, spans_alone, width_alone) if pack
             else [[i] for i in range(len(rows))])
@@ -177,13 +179,12 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
   for r, group in enumerate(groups):
     offset, spans_r = 0, []
     for segment, i in enumerate(group, 1):
-      row, start = rows[i], starts[i]
+      row = rows[i]
       end = offset + len(row)
       input_ids[r, offset:end] = row
       segment_ids[r, offset:end] = segment
       next_ids[r, offset:end - 1] = row[1:]
-      # Position t predicts row[t + 1]: the target tokens are predicted from positions start-1 ...
-      a, b = offset + max(start - 1, 0), end - 1
+      a, b = offset + first_predicting[i], end - 1
       loss_mask[r, a:b] = 1.0
       spans_r.append((a, b))
       offset = end
