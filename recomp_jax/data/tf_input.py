@@ -13,7 +13,7 @@ Two pieces, both optional alternatives to the Hugging Face tokenizer + numpy pat
 * :class:`TfTokenizedBatches`: a :class:`recomp_jax.training.loop.ResumableIterator` that
   streams texts through ``tf.data`` (index shuffle, per-process slice, batch, tokenise, prefetch)
   and yields this process's numpy batches ``{'input_ids', 'attention_mask'} [local_batch, L]``.
-  Its order is :class:`recomp_jax.training.loop.ArrayIterator`'s (same seed, same permutation,
+  Its order is :class:`recomp_jax.data.iterators.ArrayIterator`'s (same seed, same permutation,
   each process its contiguous slice of every global batch), its state is ``(epoch, batch)``, so
   a resumed run continues at the same example on any process count that divides the batch.
 
@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from recomp_jax.training.loop import EpochBatchPosition, epoch_order
+from recomp_jax.data.iterators import EpochBatchPosition, epoch_order
 
 
 @functools.lru_cache(maxsize=None)
@@ -220,7 +220,7 @@ class TfTokenizedBatches(EpochBatchPosition):
     tokenizer: a :class:`TfWordPiece` or :class:`TfSentencePiece`.
     batch_size: global batch size (divisible by ``process_count``).
     max_length: every batch is padded to this length (one compiled shape).
-    seed, shuffle: as :class:`recomp_jax.training.loop.ArrayIterator` (same order).
+    seed, shuffle: as :class:`recomp_jax.data.iterators.ArrayIterator` (same order).
     process_index, process_count: this process's slot (default: JAX's).
   Yields:
     ``{'input_ids', 'attention_mask'} [batch_size / process_count, max_length]`` int32 and

@@ -148,6 +148,12 @@ def filter_input(tokenizer, question: str, passages, budget: int) -> tuple[str, 
                     budget)
 
 
+def filter_inputs(config, tokenizer, examples: Sequence[Example]) -> list[str]:
+  """The filter model's inputs at inference (dev probe and test rows alike): ``q ⊕ P`` per example."""
+  k, budget = config.candidates.top_docs, config.filter.max_source_length
+  return [filter_input(tokenizer, e.question, e.ctxs[:k], budget)[0] for e in examples]
+
+
 def kept_passages(passages, keep: Sequence[bool]) -> str:
   """The PSG context: the kept passages in the reader's document format ('' if none)."""
   return prompts.format_documents([p for p, k in zip(passages, keep) if k])
@@ -235,7 +241,7 @@ def training_probe(config, ctx: Context, what: str, tokenizer):
   if what == 'filter':
     f = config.filter
     qa = QaProbe(lambda: ctx.resources.reader, examples)
-    inputs = [filter_input(tokenizer, e.question, e.ctxs[:k], f.max_source_length)[0] for e in examples]
+    inputs = filter_inputs(config, tokenizer, examples)
     return lambda model: qa(Reader.from_model(model, tokenizer, generate_batch_size=f.generate_batch_size,
                                               max_new_tokens=f.max_new_tokens).answer(inputs))
   kind, silver = what.split('_', 1)[1], load_silver(ctx.stage_dir('silver'), 'dev')
@@ -255,14 +261,13 @@ def training_probe(config, ctx: Context, what: str, tokenizer):
 def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, str]:
   """The filter model's context for every example ('' = nothing), appended to ``out_path`` (resumable)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
-  f, k = config.filter, config.candidates.top_docs
+  f = config.filter
   out = ResumableJsonl(out_path)
   todo = [e for e in examples if e.id not in out]
   if todo:
     model = Reader(model_dir, generate_batch_size=f.generate_batch_size, max_new_tokens=f.max_new_tokens)
     for part in batched(todo, 64):
-      texts = model.answer([filter_input(model.tokenizer, e.question, e.ctxs[:k], f.max_source_length)[0]
-                            for e in part])
+      texts = model.answer(filter_inputs(config, model.tokenizer, part))
       for e, text in zip(part, texts):
         out.append({'id': e.id, 'context': text})
   out.close()
