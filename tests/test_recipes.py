@@ -197,3 +197,20 @@ def test_recipe_loss_falls_when_trained(tmp_path, kind):
                            workdir=str(tmp_path))
   last = float(loss_fn(result.state.model(), arrays, None)[0])
   assert last < 0.5 * first, (first, last)
+
+
+@pytest.mark.parametrize('section_epochs, steps', [(-1.0, 2), (3.0, 6)])
+def test_finetune_section_epochs_override_train_epochs(tmp_path, section_epochs, steps):
+  """A model section's own ``epochs`` (FILCO's filter model) replaces ``train.epochs`` for it alone."""
+  from recomp_jax.pipelines.defaults import filco_config
+  from recomp_jax.training import finetune
+  config = filco_config()
+  config.train.batch_size, config.train.epochs, config.train.warmup_steps = 4, 1.0, 0
+  config.train.checkpoint_every, config.train.log_every = 0, 100
+  section = config.filter
+  section.update(max_source_length=48, max_target_length=8, pack=False, microbatch=2, epochs=section_epochs)
+  pairs = [(f'question {i}: what is {i} plus one?', f'{i + 1}') for i in range(8)]  # 8 rows, batch 4
+  summary, _ = finetune.finetune(config, section, _gemma(), char_tokenizer(VOCAB), pairs, [], seed=0,
+                                 directory=str(tmp_path), export=lambda model: None)
+  assert summary['steps'] == steps
+  assert summary['batch_size'] == 4

@@ -263,6 +263,7 @@ def _lm_section(model: str = '', *, max_source_length: int, max_target_length: i
   s.max_target_length = max_target_length
   s.max_new_tokens = max_new_tokens
   s.generate_batch_size = 8
+  s.epochs = -1.0  # < 0: train.epochs; else this model's own (train.num_steps > 0 still wins)
   s.microbatch = 2  # rows per gradient microbatch (a batch is accumulated over them)
   # Several (prompt, target) pairs per row, attention kept within each (decoder-only models;
   # T5 raises): the same loss without the padding compute. finetune.py says how a batch counts.

@@ -103,7 +103,7 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   # must not halve), at most every row; one pair per row is the batch itself
   batch_size = max(micro, min(int(round(wanted / micro)), rows // micro) * micro)
   steps_per_epoch = max(rows // batch_size, 1)
-  num_steps = t.num_steps or max(int(round(t.epochs * steps_per_epoch)), 1)
+  num_steps = t.num_steps or max(int(round(section_epochs(config, section) * steps_per_epoch)), 1)
   loss_fn = lm_loss_fn(model)
   dev_batch = max(1, min(micro, int(dev_arrays['input_ids'].shape[0])))
   mesh = sharding.mesh_from_config(config)
@@ -154,6 +154,16 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
              'final_metrics': result.metrics}
   return summary, result.state.model()
+
+
+def section_epochs(config, section) -> float:
+  """The epochs ``section`` trains for: its own ``epochs`` when set (>= 0), else ``train.epochs``.
+
+  FILCO's filter model copies whole sentences and may need more passes than its generators
+  (the paper trains every model 3 epochs over all of NQ).
+  """
+  own = section.get('epochs', -1.0)
+  return float(own) if own is not None and own >= 0 else float(config.train.epochs)
 
 
 def fit_prompt(tokenizer, render: Callable[[str], str], docs: str, budget: int) -> tuple[str, bool]:
