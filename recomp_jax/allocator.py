@@ -28,7 +28,11 @@ reached 23.5 GB resident. One arena instead of eight (``narenas:1``) changed not
 (23.2 GB); a one-second decay (``dirty_decay_ms:1000``) peaked at 14.3 GB but made the
 stage 11% slower (287 s vs 258 s). :func:`release_free_memory` hands the kept pages back
 where the working set changes: the stage runner calls it after every stage and the
-training loop after every evaluation, which kept that stage at 18.7 GB for 5% (272 s).
+training loop after every evaluation, which kept that stage at 18.7 GB for 5% (272 s). At ``:shared`` scale that was not enough (a FILCO filter
+model reached 24.4 GB and was killed), so ``python -m recomp_jax.main`` picks the setting by
+``config.system`` (:func:`jemalloc_conf_for`): keep pages for the extractive system's encoder
+training, a one-second decay for the systems that fine-tune Gemma. A ``MALLOC_CONF`` in the
+environment always wins.
 """
 
 from __future__ import annotations
@@ -46,6 +50,16 @@ ENV_DONE = 'RECOMP_JAX_ALLOCATOR_SET'  # set in the re-executed process: never r
 # process peak RSS): this 9.3 s / 8.6 GB; 'oversize_threshold:0' 9.4 s / 15.7 GB;
 # 'oversize_threshold:0,background_thread:true' 11.6 s / 12.0 GB; jemalloc's defaults 15.6 s.
 JEMALLOC_CONF = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
+# Freed pages go back after one second. For runs that fine-tune a decoder LM (Gemma 3 270M:
+# training steps, dev loss and greedy generation alternate, and each compressor or generator is
+# a new set of buffer shapes), kept pages pile up: FILCO's NQ :shared filter model was killed by
+# the kernel at 24.4 GB resident under JEMALLOC_CONF and resumed to the end at a 16.1 GB peak
+# under this one; the FILCO demo's filter stage was 11% slower with it.
+JEMALLOC_CONF_DECAY = 'dirty_decay_ms:1000,muzzy_decay_ms:1000'
+# The jemalloc setting of each system (config.system): the extractive system trains an encoder
+# (MiniLM / Contriever: one shape of step, where keeping pages pays most); the others fine-tune
+# Gemma. A system not listed gets the decay, the safe side on a small machine.
+JEMALLOC_CONF_BY_SYSTEM = {'extractive': JEMALLOC_CONF}
 GLIBC_HUGEPAGES = 'glibc.malloc.hugetlb=1'
 
 _LIBRARY_NAMES = ('libjemalloc.so.2', 'libjemalloc.so', 'libtcmalloc_minimal.so.4',
@@ -91,14 +105,23 @@ def _glibc_has_hugetlb_tunable() -> bool:
   return (major, minor) >= (2, 35)
 
 
+def jemalloc_conf_for(system: str | None) -> str:
+  """The ``MALLOC_CONF`` a run of ``system`` gets (:data:`JEMALLOC_CONF_BY_SYSTEM`); None: keep pages."""
+  if system is None:
+    return JEMALLOC_CONF
+  return JEMALLOC_CONF_BY_SYSTEM.get(system, JEMALLOC_CONF_DECAY)
+
+
 def allocator_environment(env: Mapping[str, str], *, library: str | None,
-                          glibc_hugetlb: bool) -> dict[str, str] | None:
+                          glibc_hugetlb: bool,
+                          jemalloc_conf: str = JEMALLOC_CONF) -> dict[str, str] | None:
   """The environment to re-execute with, or None to leave the process as it is.
 
   Args:
     env: the current environment.
     library: the allocator library :func:`find_allocator` found (or None).
     glibc_hugetlb: whether glibc understands ``glibc.malloc.hugetlb``.
+    jemalloc_conf: the ``MALLOC_CONF`` given to jemalloc unless ``env`` sets one.
   """
   if env.get(ENV_DONE) or not sys.platform.startswith('linux'):
     return None
@@ -118,7 +141,7 @@ def allocator_environment(env: Mapping[str, str], *, library: str | None,
   if library:
     new['LD_PRELOAD'] = f'{library}:{preload}' if preload else library
     if 'jemalloc' in os.path.basename(library) and 'MALLOC_CONF' not in env:
-      new['MALLOC_CONF'] = JEMALLOC_CONF
+      new['MALLOC_CONF'] = jemalloc_conf
     return new
   if glibc_hugetlb and 'GLIBC_TUNABLES' not in env:
     new['GLIBC_TUNABLES'] = GLIBC_HUGEPAGES
@@ -126,11 +149,12 @@ def allocator_environment(env: Mapping[str, str], *, library: str | None,
   return None
 
 
-def relaunch_with_allocator() -> None:
+def relaunch_with_allocator(jemalloc_conf: str = JEMALLOC_CONF) -> None:
   """Re-executes this process (same interpreter and argv) with the allocator of
   :func:`allocator_environment`; returns without doing anything when none applies."""
   new_env = allocator_environment(os.environ, library=find_allocator(),
-                                  glibc_hugetlb=_glibc_has_hugetlb_tunable())
+                                  glibc_hugetlb=_glibc_has_hugetlb_tunable(),
+                                  jemalloc_conf=jemalloc_conf)
   if new_env is None:
     return
   argv = list(getattr(sys, 'orig_argv', None) or [sys.executable, *sys.argv])

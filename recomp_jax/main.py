@@ -11,8 +11,10 @@ log noise (Orbax checkpoint INFO lines, JAX's "Unable to initialize backend" pro
 hidden unless ``--verbosity=1`` or higher.
 
 Before anything else the process re-executes itself once with jemalloc preloaded when the
-machine has it (:mod:`recomp_jax.allocator` says why: ~1.7x on a CPU training step);
-``RECOMP_JAX_ALLOCATOR=system`` turns that off.
+machine has it (:mod:`recomp_jax.allocator` says why: ~1.7x on a CPU training step), told to
+keep freed pages for the extractive system and to return them after a second for the systems
+that fine-tune Gemma (:func:`recomp_jax.allocator.jemalloc_conf_for`); ``MALLOC_CONF`` in the
+environment wins, and ``RECOMP_JAX_ALLOCATOR=system`` turns the relaunch off.
 """
 
 from __future__ import annotations
@@ -105,13 +107,17 @@ def _get(config, dotted: str):
 _MISSING = object()
 
 
-def check_overrides(argv: list[str]) -> None:
-  """Unknown ``--config.X`` fields and fields the preset ignores are user errors."""
+def check_overrides(argv: list[str]):
+  """Unknown ``--config.X`` fields and fields the preset ignores are user errors.
+
+  Returns:
+    The preset's config, before the overrides (None when there is no ``--config``).
+  """
   spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
   if spec is None:
     if any(a.startswith('--config.') for a in argv) or not any(a in ('--help', '-h') for a in argv):
       raise UserError('--config=configs/FILE.py[:preset] is required (see --help)')
-    return
+    return None
   config = _load_config_file(spec)
   overrides = {}
   for arg in argv:
@@ -132,6 +138,7 @@ def check_overrides(argv: list[str]) -> None:
       if current not in values:
         raise UserError(f'--config.{name} is ignored when {switch}={current!r} (it is read only when '
                         f'{switch} is one of {list(values)})')
+  return config
 
 
 # ----------------------------------------------------------------------------- help
@@ -236,10 +243,11 @@ def run(argv: list[str] | None = None) -> None:
     print(help_text())
     sys.exit(0)
   try:
-    if from_command_line:  # before the checks below, which the relaunched process then runs once
+    config = check_overrides(argv[1:])
+    if from_command_line:  # once, before JAX allocates anything (the new process checks again)
       from recomp_jax import allocator  # pylint: disable=import-outside-toplevel
-      allocator.relaunch_with_allocator()  # once, before JAX allocates anything
-    check_overrides(argv[1:])
+      allocator.relaunch_with_allocator(
+          allocator.jemalloc_conf_for(config.get('system') if config is not None else None))
   except (UserError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

@@ -18,6 +18,16 @@ def test_auto_preloads_the_library_and_tunes_jemalloc():
   assert env[allocator.ENV_DONE] == '1' and env['PATH'] == '/bin'
 
 
+def test_jemalloc_setting_follows_the_system():
+  assert allocator.jemalloc_conf_for('extractive') == allocator.JEMALLOC_CONF
+  for system in ('filco', 'abstractive', 'some_future_system'):
+    assert allocator.jemalloc_conf_for(system) == allocator.JEMALLOC_CONF_DECAY
+  assert allocator.jemalloc_conf_for(None) == allocator.JEMALLOC_CONF
+  env = allocator.allocator_environment({}, library=JEMALLOC, glibc_hugetlb=True,
+                                        jemalloc_conf=allocator.JEMALLOC_CONF_DECAY)
+  assert env['MALLOC_CONF'] == allocator.JEMALLOC_CONF_DECAY
+
+
 def test_existing_preload_is_kept_and_user_settings_win():
   env = allocator.allocator_environment({'LD_PRELOAD': '/x/libfoo.so', 'MALLOC_CONF': 'narenas:1'},
                                         library=JEMALLOC, glibc_hugetlb=True)
@@ -87,6 +97,39 @@ def test_relaunch_really_switches_the_allocator_and_keeps_argv():
     pytest.skip('no jemalloc/tcmalloc installed (Debian: apt install libjemalloc2)')
   name, argv = run({})
   assert name in library and argv.strip() == "['a', '--b=1']"
+
+
+_MAIN_PROBE = '''
+import os, sys
+from recomp_jax import allocator, main
+if os.environ.get(allocator.ENV_DONE):  # the relaunched process: report, do not run the pipeline
+  print(allocator.loaded_allocator(), os.environ.get('MALLOC_CONF'))
+  sys.exit(0)
+sys.argv = ['recomp_jax.main', '--config=' + sys.argv[1]]
+main.run()
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
+@pytest.mark.parametrize('config_file, expected', [
+    ('configs/nq_extractive.py:ci', allocator.JEMALLOC_CONF),
+    ('configs/nq_filco.py:ci', allocator.JEMALLOC_CONF_DECAY),
+    ('configs/nq_abstractive.py:ci', allocator.JEMALLOC_CONF_DECAY)])
+def test_main_relaunches_with_the_setting_of_its_system(config_file, expected):
+  """``python -m recomp_jax.main`` reads the config before it re-executes itself, and gives
+  jemalloc the setting of the config's system; a ``MALLOC_CONF`` of the user's own wins."""
+  library = allocator.find_allocator()
+  if library is None or 'jemalloc' not in library:
+    pytest.skip('no jemalloc installed (Debian: apt install libjemalloc2)')
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
+                      allocator.ENV_CHOICE)}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = lambda extra: subprocess.run([sys.executable, '-c', _MAIN_PROBE, config_file],  # noqa: E731
+                                     env={**env, **extra}, cwd=root, capture_output=True,
+                                     text=True, check=True).stdout.split()
+  assert run({}) == ['jemalloc', expected]
+  assert run({'MALLOC_CONF': 'narenas:2'}) == ['jemalloc', 'narenas:2']
 
 
 _RELEASE_PROBE = '''
