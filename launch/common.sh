@@ -12,9 +12,13 @@
 #   REPO_REF          main            branch, tag or commit checked out on every worker
 #   REPO_DIR          recomp_jax      checkout directory in each worker's home
 #   JAX_VERSION       0.10.2          installed as jax[tpu]==JAX_VERSION
-#   WORKDIR           (run.sh, tensorboard.sh, copy_results.sh) run directory on the
-#                     workers, e.g. runs/nq_extractive; every worker writes its own copy,
-#                     process 0 writes results, summaries and checkpoints' metadata
+#   WORKDIR           (run.sh, tensorboard.sh, copy_results.sh) run directory: on a pod
+#                     gs://BUCKET/DIR (survives preemption; every worker mirrors it on local
+#                     disk, process 0 uploads each finished stage, checkpoints go straight
+#                     to it: recomp_jax/storage.py), or a directory on the workers, e.g.
+#                     runs/nq_extractive, on a shared file system when there are several
+#   LOCAL_WORKDIR     runs/mirror     (run.sh, tensorboard.sh) each worker's mirror of a
+#                     gs:// WORKDIR, in REPO_DIR; TensorBoard serves worker 0's
 #   TB_PORT           6006
 #   DRY_RUN           0               1: print every gcloud command instead of running it
 
@@ -27,6 +31,7 @@
 : "${REPO_DIR:=recomp_jax}"
 : "${JAX_VERSION:=0.10.2}"
 : "${TB_PORT:=6006}"
+: "${LOCAL_WORKDIR:=runs/mirror}"
 : "${DRY_RUN:=0}"
 
 default_runtime_version() {

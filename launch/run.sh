@@ -2,6 +2,7 @@
 # Usage: TPU_NAME=NAME WORKDIR=DIR launch/run.sh CONFIG[:preset] [--config.field=value ...]
 # Runs the same `python3 -m recomp_jax.main` on every worker of the slice; JAX finds the
 # other workers itself (jax.distributed) and process 0 writes results and summaries.
+# A gs:// WORKDIR is mirrored in LOCAL_WORKDIR on every worker.
 # Settings and their defaults: launch/common.sh.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
@@ -13,5 +14,7 @@ if [ "$#" -lt 1 ]; then
   exit 2
 fi
 remote="cd $(quote "$REPO_DIR") && python3 -m recomp_jax.main"
-for arg in "--config=$1" "--workdir=$WORKDIR" "${@:2}"; do remote+=" $(quote "$arg")"; done
+args=("--config=$1" "--workdir=$WORKDIR")
+[[ "$WORKDIR" != gs://* ]] || args+=("--local_workdir=$LOCAL_WORKDIR")
+for arg in "${args[@]}" "${@:2}"; do remote+=" $(quote "$arg")"; done
 tpu_vm ssh "$TPU_NAME" --worker=all --command="$remote"

@@ -33,7 +33,10 @@ from ml_collections import config_flags
 config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py[:preset]).',
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Where stages, checkpoints, summaries and results are written '
-                    '(default: config.workdir).')
+                    '(default: config.workdir); gs://... is mirrored on local disk '
+                    '(recomp_jax/storage.py).')
+flags.DEFINE_string('local_workdir', None, 'The local mirror of a remote --workdir (default: '
+                    '~/.cache/recomp_jax/workdirs/NAME-HASH).')
 
 # Fields a run ignores unless another field has one of the given values: overriding one
 # of them under a preset that does not read it is a user error, not a silent no-op.
@@ -173,7 +176,8 @@ def help_text() -> str:
   from recomp_jax.pipelines.defaults import abstractive_config, filco_config  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.runner import SYSTEMS  # pylint: disable=import-outside-toplevel
   lines = ['usage: python -m recomp_jax.main --config=configs/FILE.py[:preset] [--config.FIELD=VALUE ...]',
-           '                                  [--workdir=DIR] [--verbosity=1]', '',
+           '                                  [--workdir=DIR|gs://BUCKET/DIR] [--local_workdir=DIR]',
+           '                                  [--verbosity=1]', '',
            'systems (config.system): ' + ', '.join(sorted(SYSTEMS)), '', 'config files and presets:']
   for path in sorted(glob.glob(os.path.join('configs', '*.py'))):
     lines.append(f'  {path}: {_presets(path)}')
@@ -229,7 +233,7 @@ def main(argv):
   try:
     _check_process_count_divides_batches(config)
     from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
-    runner.run(config, workdir)
+    runner.run(config, workdir, local_workdir=flags.FLAGS.local_workdir)
   except _user_errors() as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

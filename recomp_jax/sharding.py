@@ -322,6 +322,15 @@ def maybe_initialize_distributed() -> bool:
   return True
 
 
+def process_count() -> int:
+  """How many processes run this program (1 unless :func:`maybe_initialize_distributed` joined more)."""
+  return jax.process_count()
+
+
+def process_index() -> int:
+  return jax.process_index()
+
+
 def is_main_process() -> bool:
   """True on process 0: the one that logs, writes TensorBoard, shows progress and writes
   every pipeline file (the others compute alongside it and write nothing)."""

@@ -1,14 +1,15 @@
 """One process of a multi-process run of two pipeline stages (``StageRunner``).
 
     python tests/_stages_worker.py --workdir W --num-processes 2 --process-id I \
-        --coordinator 127.0.0.1:PORT [--stop-after N]
+        --coordinator 127.0.0.1:PORT [--stop-after N] [--remote R]
 
 ``items`` is a file stage (``collective=False``: process 0 alone writes ``items.json``);
 ``score`` is a resumable collective stage: for every item, all processes join one
 all-gather (as a stage that scores with the sharded reader does), and the result goes to
 a ``ResumableJsonl``. With ``--stop-after N`` every process exits abruptly after N
 records, as a killed run does. Prints one ``RESULT {json}`` line: which stage functions
-ran here, the summaries and the timings.
+ran here, the summaries and the timings. With ``--remote R`` the workdir is the remote one
+``R`` (:mod:`recomp_jax.storage`) and ``W`` its local mirror (``W-process1`` on process 1).
 """
 
 import argparse
@@ -23,6 +24,7 @@ def main() -> int:
   parser.add_argument('--process-id', type=int, required=True)
   parser.add_argument('--coordinator', required=True)
   parser.add_argument('--stop-after', type=int, default=0)
+  parser.add_argument('--remote', default=None)
   args = parser.parse_args()
   os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
   import jax
@@ -32,10 +34,14 @@ def main() -> int:
   import numpy as np
   from jax.experimental import multihost_utils
 
-  from recomp_jax import sharding
+  from recomp_jax import sharding, storage
   from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner
 
-  runner = StageRunner(args.workdir)
+  if args.remote:
+    runner = StageRunner(storage.mirror_root(args.remote, args.workdir,
+                                             process_index=jax.process_index()), remote=args.remote)
+  else:
+    runner = StageRunner(args.workdir)
   ran = []
 
   def items_stage(directory):

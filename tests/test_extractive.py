@@ -209,6 +209,27 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert again['rows'] == results['rows']
 
 
+def test_a_remote_workdir_computes_in_a_mirror_and_a_fresh_machine_downloads_it(tmp_path, tiny_models):
+  """``--workdir=gs://...`` (a local directory stands in for the bucket): stages run in the local
+  mirror and are uploaded as they finish, training checkpoints are written straight to the
+  remote workdir, the result files are uploaded at the end, and a second machine with an empty
+  mirror runs no stage and reproduces the results."""
+  bucket = tmp_path / 'bucket'
+  config = tiny_config(bucket, tiny_models)
+  first = pipeline_runner.run(config, str(bucket), local_workdir=str(tmp_path / 'vm1'))
+  train = 'stages/train_contrastive_seed0'
+  assert os.listdir(bucket / train / 'checkpoints') and not (tmp_path / 'vm1' / train / 'checkpoints').exists()
+  for name in ('results.json', 'results.md', 'predictions.jsonl'):
+    assert (bucket / name).read_bytes() == (tmp_path / 'vm1' / name).read_bytes(), name
+  assert os.listdir(bucket / 'tensorboard' / 'results')
+  for stage in first['stage_seconds']:
+    assert (bucket / 'stages' / stage / 'DONE.json').exists(), stage
+  second = pipeline_runner.run(config, str(bucket), local_workdir=str(tmp_path / 'vm2'))
+  assert all(v == 0.0 for v in second['stage_seconds'].values()), second['stage_seconds']
+  assert second['rows'] == first['rows']
+  assert (tmp_path / 'vm2' / train / 'encoder_best' / 'config.json').exists()
+
+
 def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_models):
   config = tiny_config(tmp_path / 'dense', tiny_models, **{'retrieval.method': 'dense'})
   runner = StageRunner(config.workdir)

@@ -47,6 +47,21 @@ EXPECTED = {
     'delete': ['gcloud compute tpus tpu-vm delete rc-test --zone=us-central2-b --quiet'],
 }
 
+GCS_WORKDIR = 'gs://bucket/runs/nq/'
+EXPECTED_GCS = {
+    'run': [
+        "gcloud compute tpus tpu-vm ssh rc-test --zone=us-central2-b --worker=all "
+        "--command='cd recomp_jax && python3 -m recomp_jax.main "
+        f"--config=configs/nq_extractive.py:demo --workdir={GCS_WORKDIR} --local_workdir=runs/mirror "
+        "--config.train.seeds='\\''(0, 1)'\\'''"],
+    'tensorboard': [
+        "gcloud compute tpus tpu-vm ssh rc-test --zone=us-central2-b --worker=0 "
+        "--command='python3 -m tensorboard.main --logdir=recomp_jax/runs/mirror --port=6006' "
+        "-- -L 6006:localhost:6006"],
+    'copy_results': [f'gcloud storage cp gs://bucket/runs/nq/{name} results_from_tpu/'
+                     for name in ('results.json', 'results.md', 'predictions.jsonl')],
+}
+
 REQUIRED = {'create': ['TPU_NAME'], 'setup': ['TPU_NAME', 'REPO_URL'],
             'run': ['TPU_NAME', 'WORKDIR'], 'tensorboard': ['TPU_NAME', 'WORKDIR'],
             'copy_results': ['TPU_NAME', 'WORKDIR'], 'delete': ['TPU_NAME']}
@@ -91,6 +106,18 @@ def test_dry_run_prints_the_expected_commands(script, fake_gcloud, tmp_path):
   assert result.stdout.splitlines() == EXPECTED[script]
   assert _calls(calls) == []
   assert not (tmp_path / 'results_from_tpu').exists()
+
+
+@pytest.mark.parametrize('script', sorted(EXPECTED_GCS))
+def test_a_gcs_workdir_is_mirrored_on_the_workers_and_copied_from_the_bucket(script, fake_gcloud, tmp_path):
+  bin_dir, calls = fake_gcloud
+  settings = {**BASE_SETTINGS, 'WORKDIR': GCS_WORKDIR}
+  result = _run(script, {**settings, 'DRY_RUN': '1'}, _args(script), bin_dir, tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == EXPECTED_GCS[script]
+  result = _run(script, settings, _args(script), bin_dir, tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert _calls(calls) == [shlex.split(line)[1:] for line in EXPECTED_GCS[script]]
 
 
 @pytest.mark.parametrize('script', SCRIPTS)

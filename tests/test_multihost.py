@@ -210,12 +210,13 @@ def test_only_process_zero_writes_the_results(tmp_path, monkeypatch):
 STAGES_WORKER = os.path.join(HERE, '_stages_worker.py')
 
 
-def _run_stages(workdir, cache_dir, *, stop_after=0, timeout=240):
+def _run_stages(workdir, cache_dir, *, stop_after=0, remote=None, timeout=240):
   """Both processes of ``tests/_stages_worker.py``; returns (exit codes, RESULT of each, output)."""
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, STAGES_WORKER, '--workdir', str(workdir), '--num-processes', '2',
-       '--process-id', str(pid), '--coordinator', f'127.0.0.1:{port}', '--stop-after', str(stop_after)],
+       '--process-id', str(pid), '--coordinator', f'127.0.0.1:{port}', '--stop-after', str(stop_after)]
+      + (['--remote', str(remote)] if remote else []),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(cache_dir))
       for pid in range(2)]
   outputs = []
@@ -265,6 +266,37 @@ def test_pipeline_stages_leave_the_files_to_process_zero(tmp_path, cache_dir):
   assert [r['ran'] for r in results] == [[], []]
   assert [r['summaries'] for r in results] == [expected, expected]
   assert all(r['timings'] == {'items': 0.0, 'score': 0.0} for r in results)
+
+
+def test_a_remote_workdir_is_mirrored_on_every_process(tmp_path, cache_dir):
+  """A remote workdir (a local directory stands in for gs://) with one local mirror per process:
+  process 1 reads the file stage's output from its own mirror (downloaded once process 0 has
+  uploaded it); killed and restarted on the same machines, both resume the collective stage
+  from process 0's records; on fresh machines (new, empty mirrors) both skip both stages."""
+  bucket, work = tmp_path / 'bucket', tmp_path / 'vm'
+  codes, _, output = _run_stages(work, cache_dir, stop_after=3, remote=bucket)
+  assert codes == [3, 3], output
+  assert [r['id'] for r in _lines(work / 'stages' / 'score' / 'scores.jsonl')] == [0, 1, 2]
+  assert (bucket / 'stages' / 'items' / 'DONE.json').exists()
+  assert (bucket / 'stages' / 'score' / 'STARTED.json').exists()
+  assert not (bucket / 'stages' / 'score' / 'DONE.json').exists()
+  assert json.loads((tmp_path / 'vm-process1' / 'stages' / 'items' / 'items.json').read_text()) == \
+      list(range(8))  # process 1 never wrote it: downloaded
+
+  codes, results, output = _run_stages(work, cache_dir, remote=bucket)
+  assert codes == [0, 0], output
+  assert [r['ran'] for r in results] == [['score'], ['score']], output
+  assert [r['id'] for r in _lines(bucket / 'stages' / 'score' / 'scores.jsonl')] == list(range(8))
+  expected = {'items': {'items': 8}, 'score': {'records': 8, 'total': sum(20 * i + 1 for i in range(8))}}
+  assert [r['summaries'] for r in results] == [expected, expected]
+
+  codes, results, output = _run_stages(tmp_path / 'new-vm', cache_dir, remote=bucket)
+  assert codes == [0, 0], output
+  assert [r['ran'] for r in results] == [[], []], output
+  assert [r['summaries'] for r in results] == [expected, expected]
+  for process_dir in ('new-vm', 'new-vm-process1'):
+    assert (tmp_path / process_dir / 'stages' / 'score' / 'scores.jsonl').read_bytes() == \
+        (bucket / 'stages' / 'score' / 'scores.jsonl').read_bytes()
 
 
 def test_a_file_stage_runs_on_process_zero_alone(tmp_path, cache_dir):

@@ -26,6 +26,7 @@ import json
 import os
 from typing import Sequence
 
+from recomp_jax import sharding, storage
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.pipelines import shared
@@ -64,14 +65,30 @@ def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
           'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
 
 
-def run(config, workdir: str) -> dict | None:
+def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | None:
   """Runs (or resumes) the whole pipeline of ``config.system``; writes and returns the results
-  (process 0 only: :func:`write_results`)."""
+  (process 0 only: :func:`write_results`).
+
+  Args:
+    config: the experiment.
+    workdir: where the run's files go: a local directory, or a remote one (``gs://...``),
+      which is mirrored on local disk (:mod:`recomp_jax.storage`).
+    local_workdir: the local mirror of a remote ``workdir`` (default: under
+      ``~/.cache/recomp_jax/workdirs``); given with a local ``workdir``, that directory is
+      treated as the remote one.
+  """
   system = get_system(config.system)
   system.validate(config)
+  remote = None
+  if storage.is_remote(workdir) or local_workdir:
+    remote = workdir
+    workdir = storage.mirror_root(remote, local_workdir, process_index=sharding.process_index())
+    storage.register_mirror(workdir, remote)
+    if sharding.is_main_process():
+      storage.download_top_files(remote, workdir)
   os.makedirs(workdir, exist_ok=True)
   force = tuple(s for s in str(config.force_stages).split(',') if s)
-  runner = StageRunner(workdir, force=force)
+  runner = StageRunner(workdir, force=force, remote=remote)
   ctx = Context(config, runner, shared.Resources(config))
   data_files = shared.input_files(config)
   ctx.summaries.update(shared.run_head(config, runner, ctx.resources, data_files))
@@ -81,7 +98,12 @@ def run(config, workdir: str) -> dict | None:
                    **system.evaluation_inputs(ctx)},
       lambda d: stage_evaluate(system, ctx, d),
       deps=('candidates',) + tuple(deps), code=EVAL_CODE + tuple(system.code), resumable=True)
-  return write_results(system, ctx, workdir, data_files)
+  results = write_results(system, ctx, workdir, data_files)
+  if remote is not None and sharding.is_main_process():
+    runner.push_top_files()
+    storage.upload_tree(os.path.join(workdir, 'tensorboard'), storage.join(remote, 'tensorboard'))
+    print(f'results uploaded to {remote}', flush=True)
+  return results
 
 
 def _recall_table(config, summaries: dict) -> list[dict]:
@@ -107,7 +129,6 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   returns the results dict. In a multi-process run only process 0 writes and returns them
   (the others return None): every process holds the same evaluation records."""
   from recomp_jax import provenance  # pylint: disable=import-outside-toplevel
-  from recomp_jax import sharding  # pylint: disable=import-outside-toplevel
   if not sharding.is_main_process():
     return None
   from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel

@@ -26,6 +26,13 @@ directory and writes every file, while the other processes compute alongside it
 that is not a collective (``collective=False``: data preparation, calls to a teacher
 API) runs on process 0 alone while the others wait for it. After every stage the
 allocator hands its kept pages back (:func:`recomp_jax.allocator.release_free_memory`).
+
+A remote workdir (``gs://``; :mod:`recomp_jax.storage`) is mirrored: stages compute in a
+local directory, process 0 uploads each finished stage (``DONE.json`` last) and the files at
+the workdir's top level (the teacher cache), a rerun on a fresh machine downloads the finished
+stages whose fingerprint matches, a stage whose fingerprint changed is deleted remotely too
+(its checkpoints must not be resumed), and in a multi-process run the other processes
+download each stage into their own mirror once process 0 has uploaded it.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from absl import logging
 
-from recomp_jax import allocator, sharding
+from recomp_jax import allocator, sharding, storage
 
 
 def fingerprint(obj: Any) -> str:
@@ -192,8 +199,9 @@ class ResumableJsonl:
       os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
       self._file = open(path, 'a', encoding='utf-8')
     # Every process must resume from the same records before process 0 appends more: so every
-    # process opens it, in the same order (a read on one process alone: read_records).
-    sharding.sync_processes(f'resumable {path}')
+    # process opens it, in the same order (a read on one process alone: read_records). The tag
+    # names the stage and file only: each process may have its own mirror of a remote workdir.
+    sharding.sync_processes('resumable ' + '/'.join(os.path.abspath(path).split(os.sep)[-2:]))
 
   def __contains__(self, key: str) -> bool:
     return str(key) in self.records
@@ -226,14 +234,71 @@ class StageRunner:
     workdir: root of the run.
     force: names of stages to rerun from scratch (``'all'`` for every stage).
     timings: stage name -> seconds of this run (0 for skipped stages).
+    remote: the remote workdir that ``workdir`` mirrors (:mod:`recomp_jax.storage`), or None.
   """
   workdir: str
   force: tuple[str, ...] = ()
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
   fingerprints: dict[str, str] = dataclasses.field(default_factory=dict)
+  remote: str | None = None
 
   def stage_dir(self, name: str) -> str:
     return os.path.join(self.workdir, 'stages', name)
+
+  def remote_stage_dir(self, name: str) -> str:
+    return storage.join(self.remote, 'stages', name)
+
+  # ------------------------------------------------------------------------- remote mirror
+
+  def _pull(self, name: str, directory: str, fp: str, forced: bool) -> None:
+    """Process 0: a finished remote stage with this fingerprint replaces a missing or stale
+    local one; a remote stage with another fingerprint (or a forced one) is deleted."""
+    remote = self.remote_stage_dir(name)
+    done = storage.read_json(storage.join(remote, 'DONE.json'))
+    started = storage.read_json(storage.join(remote, 'STARTED.json'))
+    remote_fp = (done or started or {}).get('fingerprint')
+    if remote_fp is None:
+      return
+    if forced or remote_fp != fp:
+      logging.info('stage %s: removing the remote copy of another run (%s)', name, remote)
+      storage.remove_tree(remote)
+      return
+    if done is None:
+      return  # unfinished remotely: its checkpoints (if any) are resumed where they lie
+    local = self._read_done(name)
+    if (local is not None and local.get('fingerprint') == fp
+        and not manifest_problems(directory, local.get('manifest', {}))):
+      return
+    nbytes = storage.download_tree(remote, directory, skip=('checkpoints',))
+    logging.info('stage %s: downloaded the finished stage from %s (%.1f MB)', name, remote, nbytes / 1e6)
+
+  def _push(self, name: str, directory: str, *, finished: bool) -> None:
+    """Process 0: uploads the stage directory (``DONE.json`` last when ``finished``) and the
+    files at the top of the workdir."""
+    remote = self.remote_stage_dir(name)
+    if finished:
+      done = storage.read_json(storage.join(remote, 'DONE.json'))
+      local = self._read_done(name) or {}
+      if done is not None and done.get('manifest') == local.get('manifest') \
+          and done.get('fingerprint') == local.get('fingerprint'):
+        return  # the remote copy is this one
+    nbytes = storage.upload_tree(directory, remote, last=('DONE.json',) if finished else ())
+    self.push_top_files()
+    logging.info('stage %s: uploaded to %s (%.1f MB)', name, remote, nbytes / 1e6)
+
+  def push_top_files(self, names: Sequence[str] | None = None) -> None:
+    """Process 0: uploads the regular files at the top of the workdir (or those named)."""
+    if self.remote is None or not sharding.is_main_process():
+      return
+    names = names if names is not None else sorted(
+        n for n in os.listdir(self.workdir) if os.path.isfile(os.path.join(self.workdir, n)))
+    storage.upload(self.workdir, self.remote, [n for n in names
+                                               if os.path.isfile(os.path.join(self.workdir, n))])
+
+  def _fetch_on_other_processes(self, name: str, directory: str) -> None:
+    """Processes other than 0 (own mirrors): copy what process 0 has just uploaded."""
+    if self.remote is not None and not sharding.is_main_process():
+      storage.download_tree(self.remote_stage_dir(name), directory, skip=('checkpoints',))
 
   def stage_fingerprint(self, inputs: Any, deps: Sequence[str] = (), code: Sequence[str] = ()) -> str:
     missing = [d for d in deps if d not in self.fingerprints]
@@ -281,9 +346,16 @@ class StageRunner:
     self.fingerprints[name] = fp
     main = sharding.is_main_process()
     skip = main and self._prepare(name, directory, fp, inputs, deps, code, resumable)
+    many = self.remote is not None and sharding.process_count() > 1
+    if main and self.remote is not None and (skip or many):
+      self._push(name, directory, finished=skip)  # skip: the remote copy may lack it
     if sharding.broadcast_from_main(skip):  # process 0 has decided and prepared the directory
+      if many:
+        self._fetch_on_other_processes(name, directory)
       self.timings[name] = 0.0
       return self.summary(name)
+    if many:
+      self._fetch_on_other_processes(name, directory)  # the partial records process 0 resumes from
     if main or collective:
       logging.info('stage %s: running (%s)', name, directory)
     else:
@@ -300,7 +372,11 @@ class StageRunner:
       with open(tmp, 'w') as f:
         json.dump(record, f, default=str, indent=2)
       os.replace(tmp, os.path.join(directory, 'DONE.json'))
+      if self.remote is not None:
+        self._push(name, directory, finished=True)
     sharding.sync_processes(f'stage {name}: done')
+    if many:
+      self._fetch_on_other_processes(name, directory)
     if summary is None:
       summary = self.summary(name)
     memory = allocator.release_free_memory()
@@ -312,6 +388,8 @@ class StageRunner:
                code: Sequence[str], resumable: bool) -> bool:
     """Process 0's decision: True to skip the finished stage; else readies its directory."""
     forced = name in self.force or 'all' in self.force
+    if self.remote is not None:
+      self._pull(name, directory, fp, forced)
     done = None if forced else self._read_done(name)
     damaged = False
     if done is not None and done.get('fingerprint') == fp:
@@ -335,6 +413,8 @@ class StageRunner:
     with open(started_file, 'w') as f:
       json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code)}, f,
                 default=str, indent=2)
+    if self.remote is not None:  # marks the remote stage (and its checkpoints) as this run's
+      storage.upload(directory, self.remote_stage_dir(name), ['STARTED.json'])
     return False
 
 

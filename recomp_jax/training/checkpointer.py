@@ -33,6 +33,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from recomp_jax import storage
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,7 +111,8 @@ class Checkpointer:
                async_save: bool = True):
     if best_mode not in ('min', 'max'):
       raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
-    self.directory = os.path.abspath(os.fspath(directory))
+    directory = os.fspath(directory)
+    self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
     self.best_metric = best_metric
     keep: list[policies.PreservationPolicy] = [policies.LatestN(n=keep_last)]
     best_fn = None
@@ -189,7 +192,7 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 -- any unreadable file means: try the previous one
         failures.append(f'step {candidate}: {type(e).__name__}: {e}')
         if step is None:
-          warnings.warn(f'checkpoint {os.path.join(self.directory, str(candidate))} is unreadable '
+          warnings.warn(f'checkpoint {storage.join(self.directory, str(candidate))} is unreadable '
                         f'({type(e).__name__}: {str(e)[:300]}); falling back to an earlier one',
                         RuntimeWarning, stacklevel=2)
         continue

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 from absl import logging
 
-from recomp_jax import sharding
+from recomp_jax import sharding, storage
 
 
 def is_seq2seq(model) -> bool:
@@ -244,15 +243,14 @@ def drop_checkpoints(directory: str) -> int:
   and two Adam moments, ~3.2 GB) per stage would make the FILCO demo need ~20 GB of disk.
   Returns the bytes freed on process 0 (0 on the others, which only wait for it).
   """
-  path = os.path.join(directory, 'checkpoints')
+  path = storage.durable_path(os.path.join(directory, 'checkpoints'))  # remote in a mirrored workdir
   freed = 0
-  if sharding.is_main_process() and os.path.isdir(path):
-    for root, _, files in os.walk(path):
-      freed += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    shutil.rmtree(path)
+  if sharding.is_main_process() and storage.exists(path):
+    freed = storage.tree_size(path)
+    storage.remove_tree(path)
     logging.info('removed the training checkpoints of %s (%.2f GB); the exported model stays', directory,
                  freed / 1e9)
-  sharding.sync_processes(f'checkpoints of {directory} removed')
+  sharding.sync_processes(f'checkpoints of {os.path.basename(os.path.normpath(directory))} removed')
   return freed
 
 

@@ -47,7 +47,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from recomp_jax import allocator
+from recomp_jax import allocator, storage
 from recomp_jax import sharding as sharding_lib
 from recomp_jax.data.iterators import ArrayIterator, EpochBatchPosition, epoch_order  # noqa: F401 (re-exported)
 from recomp_jax.training.checkpointer import Checkpointer
@@ -647,7 +647,7 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
   schedule = (learning_rate_schedule(cfg.optimizer, cfg.num_steps)
               if isinstance(cfg.optimizer, OptimizerConfig) else None)
 
-  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), keep_last=cfg.keep_checkpoints,
+  checkpointer = Checkpointer(storage.durable_path(os.path.join(workdir, 'checkpoints')), keep_last=cfg.keep_checkpoints,
                               best_metric=cfg.best_metric, best_mode=cfg.best_mode,
                               keep_best=cfg.keep_best, async_save=cfg.async_checkpointing)
   writer = MetricWriter(os.path.join(workdir, 'tensorboard'), enabled=main)
