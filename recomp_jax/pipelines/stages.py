@@ -297,8 +297,14 @@ class StageRunner:
 
   def _fetch_on_other_processes(self, name: str, directory: str) -> None:
     """Processes other than 0 (own mirrors): copy what process 0 has just uploaded."""
-    if self.remote is not None and not sharding.is_main_process():
-      storage.download_tree(self.remote_stage_dir(name), directory, skip=('checkpoints',))
+    if self.remote is None or sharding.is_main_process():
+      return
+    remote = self.remote_stage_dir(name)
+    done = storage.read_json(storage.join(remote, 'DONE.json'))
+    if done is not None and done == self._read_done(name) \
+        and not manifest_problems(directory, done.get('manifest', {})):
+      return  # this machine's mirror has it already
+    storage.download_tree(remote, directory, skip=('checkpoints',))
 
   def stage_fingerprint(self, inputs: Any, deps: Sequence[str] = (), code: Sequence[str] = ()) -> str:
     missing = [d for d in deps if d not in self.fingerprints]
