@@ -20,7 +20,7 @@ from recomp_jax.data.schema import FilterReport
 from recomp_jax.pipelines import extractive as pipeline
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner
+from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, map_resumable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,6 +90,31 @@ def test_resumable_jsonl_drops_a_half_written_record(tmp_path):
   again.close()
   with open(path) as f:
     assert [json.loads(line)['id'] for line in f] == ['a', 'b', 'c']
+
+
+def test_map_resumable_computes_each_example_once_across_a_kill(tmp_path):
+  """A chunk that raises (a kill) keeps the chunks before it; the rerun computes only the rest."""
+  from types import SimpleNamespace
+  examples = [SimpleNamespace(id=f'q{i}', v=i) for i in range(7)]
+  path = str(tmp_path / 'work.jsonl')
+  seen = []
+
+  def square(part, fail_at=None):
+    seen.append([e.id for e in part])
+    if fail_at is not None and any(e.v == fail_at for e in part):
+      raise KeyboardInterrupt
+    return [{'square': e.v * e.v} for e in part]
+
+  with pytest.raises(KeyboardInterrupt):
+    map_resumable(path, examples, lambda part: square(part, fail_at=5), chunk=3, desc='square')
+  assert sorted(ResumableJsonl(path).records) == ['q0', 'q1', 'q2']
+  seen.clear()
+  records = map_resumable(path, examples[::-1], square, chunk=3, desc='square')
+  assert seen == [['q6', 'q5', 'q4'], ['q3']]  # the finished chunk is not recomputed
+  assert list(records) == [e.id for e in examples[::-1]]  # the caller's order, resumed ones included
+  assert all(records[f'q{i}'] == {'id': f'q{i}', 'square': i * i} for i in range(7))
+  with pytest.raises(ValueError, match='2 records for a chunk of 3'):
+    map_resumable(str(tmp_path / 'bad.jsonl'), examples, lambda part: [{}, {}], chunk=3, desc='bad')
 
 
 def test_stage_runner_skips_finished_and_reruns_changed_or_forced(tmp_path):

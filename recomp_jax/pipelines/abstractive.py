@@ -38,7 +38,7 @@ from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, batched, progress
+from recomp_jax.pipelines.stages import map_resumable
 from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
@@ -200,20 +200,14 @@ def critic_split(reader, examples: Sequence[Example], samples: dict[str, list[st
                  report: FilterReport, *, chunk: int = 64, both_wrong: str = 'drop') -> dict[str, dict]:
   """Fig. 7 targets for ``examples`` appended to ``out_path`` (resumes where it stopped);
   ``both_wrong`` as :func:`recomp_jax.compressors.abstractive.critic_qa`."""
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  with progress(len(todo), f'critic {os.path.basename(out_path)}') as bar:
-    for part in batched(todo, chunk):
-      targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
-                                      [samples[e.id] for e in part], ids=[e.id for e in part],
-                                      report=FilterReport('chunk'), both_wrong=both_wrong)
-      for e, target in zip(part, targets):
-        out.append({'id': e.id, 'decision': target.decision, 'text': target.text, 'sample': target.sample,
-                    'summary_em': target.summary_em, 'none_em': target.none_em,
-                    'teacher_failed': target.sample < 0})
-      bar.update(len(part))
-  out.close()
-  records = {e.id: out.records[e.id] for e in examples}
+  def critic(part):
+    targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
+                                    [samples[e.id] for e in part], ids=[e.id for e in part],
+                                    report=FilterReport('chunk'), both_wrong=both_wrong)
+    return [{'decision': t.decision, 'text': t.text, 'sample': t.sample, 'summary_em': t.summary_em,
+             'none_em': t.none_em, 'teacher_failed': t.sample < 0} for t in targets]
+
+  records = map_resumable(out_path, examples, critic, chunk=chunk, desc=f'critic {os.path.basename(out_path)}')
   for e in examples:  # the report covers resumed records too
     r = records[e.id]
     if r['decision'] == abstractive.FILTERED:
@@ -353,15 +347,12 @@ class Compressor:
 def compress_split(compressor: Compressor, examples: Sequence[Example], top_docs: int, out_path: str,
                    *, chunk: int = 32) -> dict[str, str]:
   """The compressor's summary of every example, appended to ``out_path`` (resumable)."""
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  with progress(len(todo), 'compress') as bar:
-    for part in batched(todo, chunk):
-      for e, text in zip(part, compressor.compress([e.question for e in part], [e.ctxs[:top_docs] for e in part])):
-        out.append({'id': e.id, 'summary': text})
-      bar.update(len(part))
-  out.close()
-  return {e.id: out.records[e.id]['summary'] for e in examples}
+  def summarise(part):
+    texts = compressor.compress([e.question for e in part], [e.ctxs[:top_docs] for e in part])
+    return [{'summary': text} for text in texts]
+
+  records = map_resumable(out_path, examples, summarise, chunk=chunk, desc='compress')
+  return {i: r['summary'] for i, r in records.items()}
 
 
 # ----------------------------------------------------------------------------- the system
@@ -474,18 +465,18 @@ class AbstractiveSystem(System):
   @staticmethod
   def _oracle(reader, examples: Sequence[Example], teacher: dict, path: str) -> dict[str, dict]:
     """A.5's oracle per test question (gold answers used: this row is an upper bound)."""
-    out = ResumableJsonl(path)
-    todo = [e for e in examples if e.id not in out]
-    for part in batched(todo, 64):
+    def choose(part):
       targets = abstractive.critic_qa(reader, [e.question for e in part], [e.answers for e in part],
                                       [teacher[e.id] for e in part], ids=[e.id for e in part])
+      records = []
       for e, target in zip(part, targets):
         summary = teacher[e.id][target.sample] if target.sample >= 0 else ''
         use = bool(summary) and abstractive.oracle_choice(target.summary_em, target.none_em)
-        out.append({'id': e.id, 'summary': summary, 'use_summary': use,
-                    'summary_em': target.summary_em, 'none_em': target.none_em})
-    out.close()
-    return {e.id: out.records[e.id] for e in examples}
+        records.append({'summary': summary, 'use_summary': use,
+                        'summary_em': target.summary_em, 'none_em': target.none_em})
+      return records
+
+    return map_resumable(path, examples, choose, chunk=64, desc='A.5 oracle')
 
   def row_name(self, key: str, config) -> str:
     return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]

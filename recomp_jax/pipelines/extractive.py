@@ -40,7 +40,7 @@ from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.shared import Resources
-from recomp_jax.pipelines.stages import ResumableJsonl, batched, progress
+from recomp_jax.pipelines.stages import map_resumable
 from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
@@ -176,24 +176,18 @@ def _ranker(encoder) -> Callable:
 def label_split(models: Resources, examples: Sequence[Example], candidates: dict[str, list[str]],
                 out_path: str, *, signal: str, questions_per_call: int) -> dict[str, dict]:
   """Reader labels for every example, appended to ``out_path`` (resumes where it stopped)."""
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  if todo:
-    logging.info('labelling %d examples (%d already done) -> %s', len(todo), len(out), out_path)
-  with progress(len(todo), f'label {os.path.basename(out_path)}') as bar:
-    for chunk in batched(todo, questions_per_call):
-      questions = [e.question for e in chunk]
-      cands = [candidates[e.id] for e in chunk]
-      answers = [e.answers for e in chunk]
-      records = extractive.loglik_labels(models.reader, questions, cands, answers)
-      if signal == 'em':
-        for record, em in zip(records, extractive.em_labels(models.reader, questions, cands, answers)):
-          record['em'] = em
-      for e, record in zip(chunk, records):
-        out.append({'id': e.id, **record})
-      bar.update(len(chunk))
-  out.close()
-  return {e.id: out.records[e.id] for e in examples}
+  def label(chunk):
+    questions = [e.question for e in chunk]
+    cands = [candidates[e.id] for e in chunk]
+    answers = [e.answers for e in chunk]
+    records = extractive.loglik_labels(models.reader, questions, cands, answers)
+    if signal == 'em':
+      for record, em in zip(records, extractive.em_labels(models.reader, questions, cands, answers)):
+        record['em'] = em
+    return records
+
+  return map_resumable(out_path, examples, label, chunk=questions_per_call,
+                       desc=f'label {os.path.basename(out_path)}')
 
 
 def stage_label(config, retrieve_dir: str, cand_dir: str, models: Resources, directory: str) -> dict:
@@ -389,37 +383,32 @@ def oracle_em_choices(models: Resources, examples: Sequence[Example], candidates
   recorded in the results). Records ``{'id', 'choice' (-1: none correct), 'tried'}`` are
   appended to ``out_path`` (resumable).
   """
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  with progress(len(todo), 'EM oracle') as bar:
-    for chunk in batched(todo, questions_per_call):
-      order = {e.id: np.argsort(-np.asarray(labels[e.id]['loglik']), kind='stable').tolist()
-               for e in chunk}
-      if max_candidates:
-        order = {i: o[:max_candidates] for i, o in order.items()}
-      tried = {e.id: 0 for e in chunk}
-      choice = {e.id: -1 for e in chunk}
-      for round_index in itertools.count():
-        width = 1 if round_index < 2 else 2 ** (round_index - 1)
-        open_ = [e for e in chunk if choice[e.id] < 0 and tried[e.id] < len(order[e.id])]
-        if not open_:
-          break
-        batch_prompts, batch_answers, owners = [], [], []
-        for e in open_:
-          for j in order[e.id][tried[e.id]:tried[e.id] + width]:
-            batch_prompts.append(prompts.build_prompt(e.question, candidates[e.id][j]))
-            batch_answers.append(e.answers)
-            owners.append((e.id, j))
-          tried[e.id] = min(tried[e.id] + width, len(order[e.id]))
-        em = models.reader.exact_match(batch_prompts, batch_answers)['em_per_example']
-        for (eid, j), correct in zip(owners, em):
-          if correct and choice[eid] < 0:
-            choice[eid] = j  # owners are in LL order per question: the first hit wins
-      for e in chunk:
-        out.append({'id': e.id, 'choice': int(choice[e.id]), 'tried': int(tried[e.id])})
-      bar.update(len(chunk))
-  out.close()
-  return {e.id: out.records[e.id] for e in examples}
+  def first_correct(chunk):
+    order = {e.id: np.argsort(-np.asarray(labels[e.id]['loglik']), kind='stable').tolist()
+             for e in chunk}
+    if max_candidates:
+      order = {i: o[:max_candidates] for i, o in order.items()}
+    tried = {e.id: 0 for e in chunk}
+    choice = {e.id: -1 for e in chunk}
+    for round_index in itertools.count():
+      width = 1 if round_index < 2 else 2 ** (round_index - 1)
+      open_ = [e for e in chunk if choice[e.id] < 0 and tried[e.id] < len(order[e.id])]
+      if not open_:
+        break
+      batch_prompts, batch_answers, owners = [], [], []
+      for e in open_:
+        for j in order[e.id][tried[e.id]:tried[e.id] + width]:
+          batch_prompts.append(prompts.build_prompt(e.question, candidates[e.id][j]))
+          batch_answers.append(e.answers)
+          owners.append((e.id, j))
+        tried[e.id] = min(tried[e.id] + width, len(order[e.id]))
+      em = models.reader.exact_match(batch_prompts, batch_answers)['em_per_example']
+      for (eid, j), correct in zip(owners, em):
+        if correct and choice[eid] < 0:
+          choice[eid] = j  # owners are in LL order per question: the first hit wins
+    return [{'choice': int(choice[e.id]), 'tried': int(tried[e.id])} for e in chunk]
+
+  return map_resumable(out_path, examples, first_correct, chunk=questions_per_call, desc='EM oracle')
 
 
 def tune_threshold(models: Resources, examples: Sequence[Example], candidates: Sequence[Sequence[str]],

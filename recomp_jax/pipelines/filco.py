@@ -24,6 +24,7 @@ Every trained row is evaluated once per seed (``train.seeds``) and reported as t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Sequence
@@ -37,7 +38,7 @@ from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, batched
+from recomp_jax.pipelines.stages import map_resumable
 from recomp_jax.reader import prompts
 
 SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.compressors.extractive',
@@ -105,16 +106,14 @@ def stage_silver(config, ctx: Context, directory: str) -> dict:
              'top_docs': config.candidates.top_docs}
   for split in SPLITS:
     examples = ctx.examples(split)
-    out = ResumableJsonl(os.path.join(directory, f'{split}.jsonl'))
-    todo = [e for e in examples if e.id not in out]
-    for part in batched(todo, f.questions_per_call):
-      for record in silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
-                                   variant=f.variant, threshold=measure_threshold(config),
-                                   lexical_against=f.lexical_against):
-        out.append(record)
-    out.close()
+    def silver(part):
+      return silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
+                            variant=f.variant, threshold=measure_threshold(config),
+                            lexical_against=f.lexical_against)
+
+    records = list(map_resumable(os.path.join(directory, f'{split}.jsonl'), examples, silver,
+                                 chunk=f.questions_per_call, desc=f'silver {split}').values())
     report = FilterReport(f'silver_{split}')
-    records = [out.records[e.id] for e in examples]
     for r in records:
       if not any(r['sentences']):
         report.drop('no_sentence', where=r['id'])
@@ -262,35 +261,30 @@ def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_
   """The filter model's context for every example ('' = nothing), appended to ``out_path`` (resumable)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
   f = config.filter
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  if todo:
-    model = Reader(model_dir, generate_batch_size=f.generate_batch_size, max_new_tokens=f.max_new_tokens)
-    for part in batched(todo, 64):
-      texts = model.answer(filter_inputs(config, model.tokenizer, part))
-      for e, text in zip(part, texts):
-        out.append({'id': e.id, 'context': text})
-  out.close()
-  return {e.id: out.records[e.id]['context'] for e in examples}
+  model = functools.cache(lambda: Reader(model_dir, generate_batch_size=f.generate_batch_size,
+                                         max_new_tokens=f.max_new_tokens))
+
+  def predict(part):
+    return [{'context': text} for text in model().answer(filter_inputs(config, model().tokenizer, part))]
+
+  records = map_resumable(out_path, examples, predict, chunk=64, desc='filter model')
+  return {i: r['context'] for i, r in records.items()}
 
 
 def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[bool]]:
   """The PSG model's keep/drop decision for every passage of every example (resumable)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
   k = config.candidates.top_docs
-  out = ResumableJsonl(out_path)
-  todo = [e for e in examples if e.id not in out]
-  if todo:
-    model = Reader(model_dir, generate_batch_size=config.filter.generate_batch_size, max_new_tokens=2)
-    for part in batched(todo, 64):
-      texts = model.answer([filco.passage_prompt(e.question, p) for e in part for p in e.ctxs[:k]])
-      i = 0
-      for e in part:
-        n = len(e.ctxs[:k])
-        out.append({'id': e.id, 'keep': [t.lower().startswith(filco.KEEP_WORD.strip()) for t in texts[i:i + n]]})
-        i += n
-  out.close()
-  return {e.id: out.records[e.id]['keep'] for e in examples}
+  model = functools.cache(lambda: Reader(model_dir, generate_batch_size=config.filter.generate_batch_size,
+                                         max_new_tokens=2))
+
+  def decide(part):
+    texts = iter(model().answer([filco.passage_prompt(e.question, p) for e in part for p in e.ctxs[:k]]))
+    return [{'keep': [next(texts).lower().startswith(filco.KEEP_WORD.strip()) for _ in e.ctxs[:k]]}
+            for e in part]
+
+  records = map_resumable(out_path, examples, decide, chunk=64, desc='passage filter')
+  return {i: r['keep'] for i, r in records.items()}
 
 
 def generator_reader(config, model_dir: str):

@@ -226,6 +226,35 @@ class ResumableJsonl:
       self._file.close()
 
 
+def map_resumable(path: str, examples: Sequence, compute: Callable[[list], Sequence[dict]], *,
+                  chunk: int, desc: str) -> dict[str, dict]:
+  """Per-example work that survives being killed: ``compute`` over the examples not yet in ``path``.
+
+  ``compute(part)`` returns one record (a dict) per example of ``part``, in order. Each is
+  stored under its example's ``id`` and appended to the :class:`ResumableJsonl` at ``path``
+  as soon as its chunk of ``chunk`` examples finishes, so a killed run resumes after the last
+  finished chunk and computes nothing twice. A progress bar named ``desc`` counts the work.
+
+  Returns:
+    ``{example.id: record}`` for every example, in the order of ``examples``, resumed records
+    included.
+  """
+  out = ResumableJsonl(path)
+  todo = [e for e in examples if e.id not in out]
+  if todo and len(out):
+    logging.info('%s: %d records already in %s, %d to go', desc, len(out), path, len(todo))
+  with progress(len(todo), desc) as bar:
+    for part in batched(todo, chunk):
+      records = list(compute(part))
+      if len(records) != len(part):
+        raise ValueError(f'{desc}: {len(records)} records for a chunk of {len(part)} examples')
+      for e, record in zip(part, records):
+        out.append({'id': e.id, **record})
+      bar.update(len(part))
+  out.close()
+  return {e.id: out.records[e.id] for e in examples}
+
+
 @dataclasses.dataclass
 class StageRunner:
   """Runs named stages in a workdir, skipping the finished ones.
