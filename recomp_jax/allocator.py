@@ -31,8 +31,9 @@ where the working set changes: the stage runner calls it after every stage and t
 training loop after every evaluation, which kept that stage at 18.7 GB for 5% (272 s). At ``:shared`` scale that was not enough (a FILCO filter
 model reached 24.4 GB and was killed), so ``python -m recomp_jax.main`` picks the setting by
 ``config.system`` (:func:`jemalloc_conf_for`): keep pages for the extractive system's encoder
-training, a one-second decay for the systems that fine-tune Gemma. A ``MALLOC_CONF`` in the
-environment always wins.
+training, a one-second decay for the systems that fine-tune Gemma (with jemalloc's separate
+arena for large blocks turned off: that arena returns them at once under any decay, see
+:data:`JEMALLOC_CONF_DECAY`). A ``MALLOC_CONF`` in the environment always wins.
 """
 
 from __future__ import annotations
@@ -54,8 +55,13 @@ JEMALLOC_CONF = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
 # training steps, dev loss and greedy generation alternate, and each compressor or generator is
 # a new set of buffer shapes), kept pages pile up: FILCO's NQ :shared filter model was killed by
 # the kernel at 24.4 GB resident under JEMALLOC_CONF and resumed to the end at a 16.1 GB peak
-# under this one; the FILCO demo's filter stage was 11% slower with it.
-JEMALLOC_CONF_DECAY = 'dirty_decay_ms:1000,muzzy_decay_ms:1000'
+# under the decay. 'oversize_threshold:0' matters as much as the decay: with any positive decay,
+# jemalloc's dedicated arena for blocks of 8 MiB and more (XLA's temporaries) purges them at
+# once, so every microbatch faulted its buffers in again. A FILCO filter step (Gemma 3 270M,
+# 8 packed rows of 384 tokens in 4 microbatches, 2 AMD EPYC cores) took 23.5 s with pages kept,
+# 33.7 s with the decay alone (12.1 M minor faults, 64 s of system time in 2 steps' run) and
+# 25.2 s with the decay and no oversize arena (5.5 M faults, 34 s).
+JEMALLOC_CONF_DECAY = 'dirty_decay_ms:1000,muzzy_decay_ms:1000,oversize_threshold:0'
 # The jemalloc setting of each system (config.system): the extractive system trains an encoder
 # (MiniLM / Contriever: one shape of step, where keeping pages pays most); the others fine-tune
 # Gemma. A system not listed gets the decay, the safe side on a small machine.

@@ -78,15 +78,20 @@ def test_loaded_allocator_reads_the_process_maps(tmp_path):
   assert allocator.loaded_allocator(str(maps)) == 'glibc'
 
 
+
+def _clean_env() -> dict[str, str]:
+  """This process's environment without any allocator setting (each test sets its own)."""
+  return {k: v for k, v in os.environ.items()
+          if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
+                       allocator.ENV_CHOICE)}
+
 _PROBE = ('from recomp_jax import allocator; allocator.relaunch_with_allocator(); '
           'import sys; print(allocator.loaded_allocator(), sys.argv[1:])')
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
 def test_relaunch_really_switches_the_allocator_and_keeps_argv():
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
-                      allocator.ENV_CHOICE)}
+  env = _clean_env()
   run = lambda extra: subprocess.run([sys.executable, '-c', _PROBE, 'a', '--b=1'],  # noqa: E731
                                      env={**env, **extra}, capture_output=True, text=True,
                                      check=True).stdout.split(maxsplit=1)
@@ -121,9 +126,7 @@ def test_main_relaunches_with_the_setting_of_its_system(config_file, expected):
   library = allocator.find_allocator()
   if library is None or 'jemalloc' not in library:
     pytest.skip('no jemalloc installed (Debian: apt install libjemalloc2)')
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
-                      allocator.ENV_CHOICE)}
+  env = _clean_env()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   run = lambda extra: subprocess.run([sys.executable, '-c', _MAIN_PROBE, config_file],  # noqa: E731
                                      env={**env, **extra}, cwd=root, capture_output=True,
@@ -146,9 +149,7 @@ print(out['allocator'], out['released'], out['rss_before'], out['rss_after'])
 def test_release_free_memory_returns_kept_pages():
   """Under jemalloc told to keep every freed page, a freed GiB stays resident until
   :func:`allocator.release_free_memory` purges the arenas; glibc trims without error."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
-                      allocator.ENV_CHOICE)}
+  env = _clean_env()
   run = lambda extra: subprocess.run([sys.executable, '-c', _RELEASE_PROBE],  # noqa: E731
                                      env={**env, **extra}, capture_output=True, text=True,
                                      check=True).stdout.split()
@@ -162,3 +163,39 @@ def test_release_free_memory_returns_kept_pages():
   assert name == 'jemalloc' and released == 'True'
   assert int(before) > (900 << 20), before  # the freed GiB was kept ...
   assert int(after) < int(before) - (800 << 20), (before, after)  # ... and is handed back
+
+
+
+_REUSE_PROBE = '''
+import resource
+import jax, jax.numpy as jnp
+def faults():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+step = jax.jit(lambda x: jnp.tanh(x @ x) @ x)  # 16 MiB temporaries and outputs per call
+x = jnp.ones((2048, 2048), jnp.float32)
+step(x).block_until_ready()
+start = faults()
+for _ in range(20):
+  step(x).block_until_ready()
+print(faults() - start)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
+def test_decay_setting_reuses_xla_temporaries():
+  """Under :data:`allocator.JEMALLOC_CONF_DECAY` a jitted call reuses the blocks the last call
+  freed, as with pages kept for good; with the decay alone, jemalloc's arena for blocks of
+  8 MiB and more purges them on every free and each call faults its buffers in again."""
+  library = allocator.find_allocator()
+  if library is None or 'jemalloc' not in library:
+    pytest.skip('no jemalloc installed (Debian: apt install libjemalloc2)')
+  env = _clean_env()
+  run = lambda conf: int(subprocess.run(  # noqa: E731
+      [sys.executable, '-c', _REUSE_PROBE], env={**env, 'LD_PRELOAD': library, 'MALLOC_CONF': conf,
+                                                 allocator.ENV_DONE: '1'},
+      capture_output=True, text=True, check=True).stdout.split()[-1])
+  one_buffer = (16 << 20) // 4096  # pages
+  kept, decay = run(allocator.JEMALLOC_CONF), run(allocator.JEMALLOC_CONF_DECAY)
+  decay_alone = run('dirty_decay_ms:1000,muzzy_decay_ms:1000')
+  assert kept < 4 * one_buffer and decay < 4 * one_buffer, (kept, decay)  # not 20 calls x buffers
+  assert decay_alone > 5 * decay and decay_alone > 20 * one_buffer // 2, (decay_alone, decay)
