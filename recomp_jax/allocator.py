@@ -59,8 +59,9 @@ JEMALLOC_CONF = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
 # jemalloc's dedicated arena for blocks of 8 MiB and more (XLA's temporaries) purges them at
 # once, so every microbatch faulted its buffers in again. A FILCO filter step (Gemma 3 270M,
 # 8 packed rows of 384 tokens in 4 microbatches, 2 AMD EPYC cores) took 23.5 s with pages kept,
-# 33.7 s with the decay alone (12.1 M minor faults, 64 s of system time in 2 steps' run) and
-# 25.2 s with the decay and no oversize arena (5.5 M faults, 34 s).
+# 33.7 s with the decay alone (12.1 M minor faults and 64 s of system time over the whole
+# benchmark process: load, compile, 3 steps) and 25.2 s with the decay and no oversize arena
+# (5.5 M faults, 34 s).
 JEMALLOC_CONF_DECAY = 'dirty_decay_ms:1000,muzzy_decay_ms:1000,oversize_threshold:0'
 # The jemalloc setting of each system (config.system): the extractive system trains an encoder
 # (MiniLM / Contriever: one shape of step, where keeping pages pays most); the others fine-tune

@@ -118,7 +118,7 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   from sentence_transformers import SentenceTransformer
   reference = SentenceTransformer(minilm, device='cpu')
   candidates = {r['id']: r['candidates'] for r in map(json.loads, open(workdir / 'stages' / 'candidates' / 'test.jsonl'))}
-  questions = {json.loads(line)['id']: json.loads(line)['question'] for line in open(workdir / 'stages' / 'data' / 'test.jsonl')}
+  questions = {r['id']: r['question'] for r in map(json.loads, open(workdir / 'stages' / 'data' / 'test.jsonl'))}
   extractive_rows = [p for p in (json.loads(line) for line in open(os.path.join(t5_config.workdir, 'predictions.jsonl')))
                      if p['row'] == 'extractive']
   assert len(extractive_rows) == 8

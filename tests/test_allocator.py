@@ -78,12 +78,12 @@ def test_loaded_allocator_reads_the_process_maps(tmp_path):
   assert allocator.loaded_allocator(str(maps)) == 'glibc'
 
 
-
 def _clean_env() -> dict[str, str]:
   """This process's environment without any allocator setting (each test sets its own)."""
   return {k: v for k, v in os.environ.items()
           if k not in ('LD_PRELOAD', 'MALLOC_CONF', 'GLIBC_TUNABLES', allocator.ENV_DONE,
                        allocator.ENV_CHOICE)}
+
 
 _PROBE = ('from recomp_jax import allocator; allocator.relaunch_with_allocator(); '
           'import sys; print(allocator.loaded_allocator(), sys.argv[1:])')
@@ -163,7 +163,6 @@ def test_release_free_memory_returns_kept_pages():
   assert name == 'jemalloc' and released == 'True'
   assert int(before) > (900 << 20), before  # the freed GiB was kept ...
   assert int(after) < int(before) - (800 << 20), (before, after)  # ... and is handed back
-
 
 
 _REUSE_PROBE = '''

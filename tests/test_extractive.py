@@ -20,7 +20,7 @@ from recomp_jax.data.schema import FilterReport
 from recomp_jax.pipelines import extractive as pipeline
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, map_resumable
+from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, map_resumable, read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,7 +107,7 @@ def test_map_resumable_computes_each_example_once_across_a_kill(tmp_path):
 
   with pytest.raises(KeyboardInterrupt):
     map_resumable(path, examples, lambda part: square(part, fail_at=5), chunk=3, desc='square')
-  assert sorted(ResumableJsonl(path).records) == ['q0', 'q1', 'q2']
+  assert sorted(read_records(path)) == ['q0', 'q1', 'q2']
   seen.clear()
   records = map_resumable(path, examples[::-1], square, chunk=3, desc='square')
   assert seen == [['q6', 'q5', 'q4'], ['q3']]  # the finished chunk is not recomputed

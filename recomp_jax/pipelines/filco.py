@@ -102,16 +102,17 @@ def stage_silver(config, ctx: Context, directory: str) -> dict:
   """Silver contexts of every split (resumable per chunk of questions)."""
   f = config.filco
   reader = ctx.resources.reader if f.measure == 'cxmi' else None
-  summary = {'measure': f.measure, 'variant': f.variant, 'threshold': measure_threshold(config),
+  threshold = measure_threshold(config)
+  summary = {'measure': f.measure, 'variant': f.variant, 'threshold': threshold,
              'top_docs': config.candidates.top_docs}
-  for split in SPLITS:
-    examples = ctx.examples(split)
-    def silver(part):
-      return silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
-                            variant=f.variant, threshold=measure_threshold(config),
-                            lexical_against=f.lexical_against)
 
-    records = list(map_resumable(os.path.join(directory, f'{split}.jsonl'), examples, silver,
+  def silver(part):
+    return silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
+                          variant=f.variant, threshold=threshold,
+                          lexical_against=f.lexical_against)
+
+  for split in SPLITS:
+    records = list(map_resumable(os.path.join(directory, f'{split}.jsonl'), ctx.examples(split), silver,
                                  chunk=f.questions_per_call, desc=f'silver {split}').values())
     report = FilterReport(f'silver_{split}')
     for r in records:
