@@ -145,3 +145,41 @@ def test_cxmi_with_the_real_reader_equals_hf_pytorch_log_likelihoods(gemma3_hf_d
   assert chosen.text == flat[int(np.argmax(expected))]
   # No output: nothing scored, no reader call.
   assert filco.cxmi_scores(reader, [question], [sentences], ['']) == [[[0.0, 0.0], [0.0]]]
+
+
+def test_ranked_filter_keeps_the_filter_models_most_likely_whole_output(gemma3_hf_dir, gemma3_torch):
+  """Each candidate (nothing, or one passage sentence) is scored with its EOS, as HF PyTorch
+  scores it, and the most likely one is the context."""
+  torch = pytest.importorskip('torch')
+  from transformers import AutoTokenizer
+
+  from recomp_jax.reader.reader import Reader
+  reader = Reader(gemma3_hf_dir, score_batch_size=4)
+  sentences = [[['Paris is the capital and largest city of France.', 'Bananas are yellow.'],
+                ['The Louvre is a museum.']],
+               [['Rain falls.']]]
+  prompts_text = [filco.filter_prompt('what is the capital of france', 'France\nParis is the capital.'),
+                  filco.filter_prompt('is it raining', 'Weather\nRain falls.')]
+  chosen = filco.ranked_filter(reader, prompts_text, sentences)
+  tokenizer = AutoTokenizer.from_pretrained(gemma3_hf_dir)
+
+  def loglik(prompt: str, output: str) -> float:
+    p = tokenizer(prompt, return_tensors='pt')['input_ids']
+    t = tokenizer(output, add_special_tokens=False)['input_ids'] + [tokenizer.eos_token_id]
+    ids = torch.cat([p, torch.tensor([t])], dim=1)
+    with torch.no_grad():
+      logp = torch.log_softmax(gemma3_torch(ids).logits[0].double(), -1)
+    return float(sum(logp[p.shape[1] - 1 + i, tok] for i, tok in enumerate(t)))
+
+  for prompt, rows, record in zip(prompts_text, sentences, chosen):
+    flat = [s for row in rows for s in row]
+    expected = [loglik(prompt, '')] + [loglik(prompt, ' ' + s) for s in flat]
+    np.testing.assert_allclose(record['loglik'], expected, atol=2e-3)
+    best = int(np.argmax(expected))
+    assert record['context'] == ([''] + flat)[best]
+    assert (record['indices'] == []) == (best == 0)
+    if record['indices']:
+      (p, j), = record['indices']
+      assert rows[p][j] == record['context']
+  with pytest.raises(ValueError, match='2 prompts for 1'):
+    filco.ranked_filter(reader, prompts_text, sentences[:1])

@@ -4,6 +4,7 @@ generators (all the real Gemma 3 270M, one step each), the rows and Table 3's co
 import json
 import os
 
+import numpy as np
 import pytest
 
 from recomp_jax.evaluation import qa_metrics, report
@@ -37,9 +38,13 @@ def test_ci_pipeline_end_to_end(tmp_path):
   results = pipeline_runner.run(config, config.workdir)
   report.validate_results(json.loads(open(workdir / 'results.json').read()))
   rows = {r['key']: r for r in results['rows']}
-  assert set(rows) == {'none', 'top1', 'top5', 'full', 'psg', 'trained', 'silver', 'filtered_reader'}
+  assert set(rows) == {'none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'silver',
+                       'filtered_reader'}
   assert all(r['n'] == 6 for r in rows.values()) and rows['none']['tokens'] == 0
-  assert {b['b'] for b in results['bootstrap']} == set(rows) - {'trained'}
+  # Both FILCO rows against every other row, the pair of them once.
+  expected_pairs = ([('trained', k) for k in rows if k != 'trained']
+                    + [('ranked', k) for k in rows if k not in ('trained', 'ranked')])
+  assert sorted((b['a'], b['b']) for b in results['bootstrap']) == sorted(expected_pairs)
 
   # Silver contexts (STRINC, paper): the first sentence of the top passage holding an answer.
   stages = workdir / 'stages'
@@ -78,6 +83,13 @@ def test_ci_pipeline_end_to_end(tmp_path):
   assert {i: p['evidence'] for i, p in by_row['trained@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['filtered_reader@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['silver@0'].items()} == test_silver
+  # FILCO ranked reads the filter model's most likely output among nothing and the top passage's sentences.
+  test_sentences = {r['id']: r['sentences'] for r in _jsonl(stages / 'silver' / 'test.jsonl')}
+  ranked = {r['id']: r for r in _jsonl(stages / 'evaluate' / 'filter_ranked_seed0.jsonl')}
+  assert {i: p['evidence'] for i, p in by_row['ranked@0'].items()} == {i: r['context'] for i, r in ranked.items()}
+  for i, r in ranked.items():
+    flat = [s for row in test_sentences[i] for s in row]
+    assert len(r['loglik']) == 1 + len(flat) and r['context'] == ([''] + flat)[int(np.argmax(r['loglik']))]
   keep = {r['id']: r['keep'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
   retrieved = {r['id']: r for r in _jsonl(stages / 'retrieve' / 'test.jsonl')}
   for i, p in by_row['psg@0'].items():

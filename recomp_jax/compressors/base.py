@@ -65,11 +65,13 @@ class System(abc.ABC):
     row_keys: every row key the system can report, in table order (shared keys included).
     code: modules the system's evaluation runs (their source hash enters the
       evaluate stage's fingerprint).
+    compared_rows: the rows the paired bootstrap compares with every other row.
   """
 
   name: ClassVar[str]
   row_keys: ClassVar[tuple[str, ...]]
   code: ClassVar[tuple[str, ...]] = ()
+  compared_rows: ClassVar[tuple[str, ...]] = ('trained',)
 
   def validate(self, config) -> None:
     """Checks the config before any work (raise ``PipelineError`` with a clear message)."""

@@ -22,6 +22,11 @@ context (:func:`generator_prompt`) and at test time reads the filter model's *ow
 predictions. §4.2's PSG baseline keeps or drops whole passages
 (:func:`passage_prompt`, a yes/no decision per passage).
 
+Beyond the paper, :func:`ranked_filter` decodes the filter model under the constraint its
+training targets obey (one sentence of the passages, or nothing): every such output is
+scored whole and the most likely is kept, where free decoding may drift from the passage or
+commit to a wrong sentence on its first token. The pipeline reports both.
+
 Variants (``filco.variant``): ``'paper'`` (default) is the above. ``'released'`` is what the
 authors' code (github.com/zorazrw/filco) computes instead, offered for comparison:
 
@@ -253,6 +258,46 @@ def cxmi_scores(reader, questions: Sequence[str], sentences: Sequence[Sequence[S
   return out
 
 
+# ----------------------------------------------------------------------------- constrained decoding
+
+
+def ranked_filter(model, prompts_text: Sequence[str], sentences: Sequence[Sequence[Sequence[str]]]
+                  ) -> list[dict]:
+  """The filter model's most likely output among the sentences of its passages and nothing.
+
+  Each candidate is a target the filter model was trained on: ``' ' + sentence`` for every
+  sentence (``sentences[i]`` is ``[P][S_p]``) and ``''`` (the empty context). Its score is
+  ``log p(candidate ⊕ EOS | prompt_i)`` under ``model`` (a :class:`recomp_jax.reader.Reader`
+  around the fine-tuned filter model, :meth:`~recomp_jax.reader.Reader.output_loglik`), so
+  the choice is the exact most likely output over that set. Ties go to the empty context,
+  then to the earlier sentence.
+
+  Returns:
+    per example ``{'context': str, 'indices': [[p, s]] or [], 'loglik': [1 + S] floats}``,
+    the empty context's score first, then each sentence in passage and reading order.
+  """
+  if len(prompts_text) != len(sentences):
+    raise ValueError(f'{len(prompts_text)} prompts for {len(sentences)} sentence lists')
+  flat_prompts, candidates = [], []
+  for prompt, rows in zip(prompts_text, sentences):
+    for text in [''] + [' ' + s for row in rows for s in row]:
+      flat_prompts.append(prompt)
+      candidates.append(text)
+  scores = np.asarray(model.output_loglik(flat_prompts, candidates), np.float64)
+  out, start = [], 0
+  for rows in sentences:
+    where = [(p, j) for p, row in enumerate(rows) for j in range(len(row))]
+    mine = scores[start:start + 1 + len(where)]
+    start += 1 + len(where)
+    best = int(np.argmax(mine))  # the first maximum: the empty context, then reading order
+    if best == 0:
+      out.append({'context': '', 'indices': [], 'loglik': mine.tolist()})
+    else:
+      p, j = where[best - 1]
+      out.append({'context': rows[p][j], 'indices': [[p, j]], 'loglik': mine.tolist()})
+  return out
+
+
 # ----------------------------------------------------------------------------- model inputs
 
 
@@ -280,5 +325,6 @@ def generator_prompt(question: str, context: str) -> str:
 
 __all__ = ['CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
            'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
-           'passage_prompt', 'passage_sentences', 'passages_text', 'released_exact_match', 'select', 'strinc',
+           'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_filter', 'released_exact_match',
+           'select', 'strinc',
            'text_scores', 'unigram_f1', 'unigram_precision']

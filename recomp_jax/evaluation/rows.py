@@ -5,7 +5,8 @@ document, a trained compressor's output, ...). :func:`evaluate_rows` reads every
 the one :class:`recomp_jax.reader.Reader` under the reader prompt protocol and appends one
 record per row to a resumable JSONL (a killed evaluation keeps its finished rows);
 :func:`aggregate_rows` folds per-seed rows (``key@seed``) into one row of the results
-schema; :func:`bootstrap_rows` compares the trained row with every other row.
+schema; :func:`bootstrap_rows` compares the trained row (each of a system's compared rows)
+with every other row.
 
 The rows every system shares (:data:`SHARED_ROW_KEYS`) are built here by
 :func:`shared_evidence`; a system adds its own (:meth:`recomp_jax.compressors.base.System.rows`).
@@ -187,22 +188,27 @@ def aggregate_rows(records: dict[str, dict], row_keys: Sequence[str], name: Call
   return rows, per_example
 
 
-def bootstrap_rows(per_example: dict[str, dict], metric: str, seed: int) -> list[dict]:
-  """Paired bootstrap of ``trained`` minus every other row, on the questions both scored."""
-  if 'trained' not in per_example:
-    return []
-  a = per_example['trained']
-  index_a = {q: i for i, q in enumerate(a['ids'])}
+def bootstrap_rows(per_example: dict[str, dict], metric: str, seed: int,
+                   compared: Sequence[str] = ('trained',)) -> list[dict]:
+  """Paired bootstrap of each ``compared`` row minus every other row, on the questions both
+  scored (a pair of compared rows once, in ``compared`` order)."""
   out = []
-  for key, b in per_example.items():
-    if key == 'trained':
+  done = set()
+  for key_a in compared:
+    if key_a not in per_example:
       continue
-    shared = [(index_a[q], j) for j, q in enumerate(b['ids']) if q in index_a]
-    if not shared:
-      continue
-    ia, ib = map(list, zip(*shared))
-    result = qa_metrics.paired_bootstrap(a[metric][ia], b[metric][ib], seed=seed)
-    out.append({'a': 'trained', 'b': key, 'metric': metric, 'delta': 100 * result.diff,
-                'lo': 100 * result.low, 'hi': 100 * result.high, 'p_value': result.p_value,
-                'n': len(shared)})
+    done.add(key_a)
+    a = per_example[key_a]
+    index_a = {q: i for i, q in enumerate(a['ids'])}
+    for key, b in per_example.items():
+      if key in done:
+        continue
+      shared = [(index_a[q], j) for j, q in enumerate(b['ids']) if q in index_a]
+      if not shared:
+        continue
+      ia, ib = map(list, zip(*shared))
+      result = qa_metrics.paired_bootstrap(a[metric][ia], b[metric][ib], seed=seed)
+      out.append({'a': key_a, 'b': key, 'metric': metric, 'delta': 100 * result.diff,
+                  'lo': 100 * result.low, 'hi': 100 * result.high, 'p_value': result.p_value,
+                  'n': len(shared)})
   return out

@@ -15,9 +15,13 @@ passages (1: the paper's main setting; 5: its Table 5):
   (``config.generator``) with the whole passages (FULL), the silver-kept passages (PSG) and
   ``t_silver`` (FILCO);
 * rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG, FILCO (the
-  FILCO generator reading the filter model's *own* predictions), SILVER (the same generator
-  reading the test ``t_silver``, made with the gold answer: an upper bound) and the
-  zero-shot reader on the filter model's predictions.
+  FILCO generator reading the filter model's *own* predictions), FILCO ranked (the same
+  generator reading the filter model's most likely passage sentence or nothing,
+  :func:`recomp_jax.compressors.filco.ranked_filter`: constrained decoding, not in the paper),
+  SILVER (the same generator reading the test ``t_silver``, made with the gold answer: an
+  upper bound) and the zero-shot reader on the filter model's predictions.
+
+Both FILCO rows are compared with every other row by the paired bootstrap.
 
 Every trained row is evaluated once per seed (``train.seeds``) and reported as the mean.
 """
@@ -46,11 +50,12 @@ SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.
 TRAIN_CODE = ('recomp_jax.compressors.filco', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.reader.prompts')
 GENERATOR_KINDS = ('full', 'psg', 'filco')
-ROW_KEYS = ('none', 'top1', 'top5', 'full', 'psg', 'trained', 'silver', 'filtered_reader')
+ROW_KEYS = ('none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'silver', 'filtered_reader')
 ROW_NAMES = {
     'full': 'FULL: generator trained and tested on the whole passage(s)',
     'psg': 'PSG: passages kept by the passage-level filter, generator trained on kept passages',
     'trained': 'FILCO: filter model predictions -> generator trained on silver context',
+    'ranked': "FILCO ranked: the filter model's most likely passage sentence (or nothing) -> the FILCO generator",
     'silver': 'SILVER: the silver context (made with the gold answer) -> FILCO generator',
     'filtered_reader': 'filter model predictions -> zero-shot reader (no generator training)',
 }
@@ -272,6 +277,21 @@ def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_
   return {i: r['context'] for i, r in records.items()}
 
 
+def filter_ranked(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, str]:
+  """The filter model's most likely sentence of the top passages, or '' (:func:`filco.ranked_filter`),
+  for every example, appended to ``out_path`` with every candidate's score (resumable)."""
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  k = config.candidates.top_docs
+  model = functools.cache(lambda: Reader(model_dir, score_batch_size=config.reader.score_batch_size))
+
+  def rank(part):
+    return filco.ranked_filter(model(), filter_inputs(config, model().tokenizer, part),
+                               [filco.passage_sentences(e.ctxs[:k]) for e in part])
+
+  records = map_resumable(out_path, examples, rank, chunk=64, desc='filter model, ranked')
+  return {i: r['context'] for i, r in records.items()}
+
+
 def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[bool]]:
   """The PSG model's keep/drop decision for every passage of every example (resumable)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
@@ -304,6 +324,7 @@ class FilcoSystem(System):
 
   name = 'filco'
   row_keys = ROW_KEYS
+  compared_rows = ('trained', 'ranked')
   code = ('recomp_jax.compressors.filco', 'recomp_jax.pipelines.filco')
 
   def validate(self, config) -> None:
@@ -333,13 +354,13 @@ class FilcoSystem(System):
                                          deps=('retrieve',), code=SILVER_CODE, resumable=True)
     keys = wanted_rows(config)
     jobs = []
-    if {'trained', 'filtered_reader'} & set(keys):
+    if {'trained', 'ranked', 'filtered_reader'} & set(keys):
       jobs.append('filter')
     if 'psg' in keys:
       jobs += ['psg', 'generator_psg']
     if 'full' in keys:
       jobs.append('generator_full')
-    if {'trained', 'silver'} & set(keys):
+    if {'trained', 'ranked', 'silver'} & set(keys):
       jobs.append('generator_filco')
     self.model_dirs: dict[tuple[str, int], str] = {}
     names = []
@@ -388,6 +409,12 @@ class FilcoSystem(System):
       if 'trained' in keys:
         plan.append(Row(f'trained@{seed}', 'trained', lambda predicted=predicted: [
             predicted()[e.id] for e in examples], reader=reader_of('filco'), prompt=gen))
+      if 'ranked' in keys:
+        def ranked(seed=seed):
+          chosen = filter_ranked(config, dirs[('filter', seed)], examples,
+                                 os.path.join(directory, f'filter_ranked_seed{seed}.jsonl'))
+          return [chosen[e.id] for e in examples]
+        plan.append(Row(f'ranked@{seed}', 'ranked', ranked, reader=reader_of('filco'), prompt=gen))
       if 'silver' in keys:
         plan.append(Row(f'silver@{seed}', 'silver', lambda: [silver[e.id]['silver'] for e in examples],
                         reader=reader_of('filco'), prompt=gen))
@@ -432,5 +459,6 @@ class FilcoSystem(System):
             'filco': config.to_dict()['filco']}
 
 
-__all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'generator_pairs', 'psg_pairs',
+__all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
+           'generator_pairs', 'psg_pairs',
            'silver_records', 'stage_finetune', 'stage_silver']

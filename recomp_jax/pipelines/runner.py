@@ -147,7 +147,8 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
       'config': config.to_dict(),
       'train_questions': system.trained_questions(ctx),
       'seeds': seeds, 'n': int(summaries['evaluate']['test_questions']),
-      'rows': rows, 'bootstrap': rows_lib.bootstrap_rows(per_example, metric, config.seed),
+      'rows': rows, 'bootstrap': rows_lib.bootstrap_rows(per_example, metric, config.seed,
+                                                          system.compared_rows),
       'main_metric': metric, 'stage_seconds': dict(ctx.runner.timings), 'stages': summaries,
       'notes': system.notes(config, summaries), **system.results_fields(config, summaries),
   }

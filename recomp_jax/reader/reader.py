@@ -5,6 +5,8 @@ A pipeline never imports a generator or a scorer: it asks the reader for
 * :meth:`Reader.loglik` -- ``log p(answer | prompt)`` with a prompt prefix shared by every
   row encoded once (the few-shot block of the NQ protocol; a KV-cache prefill for Gemma,
   the full string for T5);
+* :meth:`Reader.output_loglik` -- ``log p(output ⊕ EOS | prompt)``: a whole output, ended as a
+  fine-tuned model ends it (ranks the outputs a model may give);
 * :meth:`Reader.answer` -- greedy answers cut at the first newline (protocol post-processing);
 * :meth:`Reader.exact_match` -- those answers scored against gold answers (EM / F1 per example);
 * :meth:`Reader.count_tokens` -- evidence length under the reader's tokenizer.
@@ -92,6 +94,25 @@ class Reader:
     if self.is_seq2seq:
       return self.scorer.score([prefix + s for s in suffixes], list(targets))
     return self.scorer.score_with_shared_prefix(prefix, list(suffixes), list(targets))
+
+  def output_loglik(self, prompt_texts: Sequence[str], outputs: Sequence[str]) -> np.ndarray:
+    """``[N]`` summed ``log p(output_i ⊕ EOS | prompt_i)``: the probability that the model
+    writes exactly ``output_i`` and stops (``''``: stops at once), the framing of
+    :func:`recomp_jax.training.recipes.causal_lm_arrays` (BOS + prompt + output + EOS) and of
+    T5's decoder labels (output + EOS)."""
+    if len(prompt_texts) != len(outputs):
+      raise ValueError(f'{len(prompt_texts)} prompts for {len(outputs)} outputs')
+    if not prompt_texts:
+      return np.zeros((0,), np.float32)
+    if self.is_seq2seq:
+      return self.scorer.score(list(prompt_texts), list(outputs))  # the scorer appends EOS
+    eos = self.tokenizer.eos_token_id
+    if eos is None:
+      raise ValueError('the tokenizer has no eos_token_id: a whole output cannot be scored')
+    prompt_ids = self.tokenizer(list(prompt_texts), add_special_tokens=True)['input_ids']
+    output_ids = self.tokenizer(list(outputs), add_special_tokens=False)['input_ids']
+    return self.scorer.score_ids([list(ids) for ids in prompt_ids],
+                                 [list(ids) + [eos] for ids in output_ids]).reduce('sum')
 
   def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
     """Greedy answers, cut at the first stop string and stripped (one per prompt)."""
