@@ -353,15 +353,15 @@ class FilcoSystem(System):
     ctx.summaries['silver'] = runner.run('silver', silver_inputs, lambda d: stage_silver(config, ctx, d),
                                          deps=('retrieve',), code=SILVER_CODE, resumable=True)
     keys = wanted_rows(config)
-    jobs = []
+    jobs = []  # FILCO's own models and FULL first: the comparison the method stands on
     if {'trained', 'ranked', 'filtered_reader'} & set(keys):
       jobs.append('filter')
-    if 'psg' in keys:
-      jobs += ['psg', 'generator_psg']
     if 'full' in keys:
       jobs.append('generator_full')
     if {'trained', 'ranked', 'silver'} & set(keys):
       jobs.append('generator_filco')
+    if 'psg' in keys:
+      jobs += ['psg', 'generator_psg']
     self.model_dirs: dict[tuple[str, int], str] = {}
     names = []
     for seed in config.train.seeds:
