@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from recomp_jax.evaluation import qa_metrics, report
+from recomp_jax.pipelines import filco as pipeline_filco
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.training.summaries import read_scalars
 
@@ -83,13 +84,16 @@ def test_ci_pipeline_end_to_end(tmp_path):
   assert {i: p['evidence'] for i, p in by_row['trained@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['filtered_reader@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['silver@0'].items()} == test_silver
-  # FILCO ranked reads the filter model's most likely output among nothing and the top passage's sentences.
+  # FILCO ranked reads the filter model's most likely sentence of the top passage (by default
+  # the empty context does not compete); the scores of every candidate are kept.
   test_sentences = {r['id']: r['sentences'] for r in _jsonl(stages / 'silver' / 'test.jsonl')}
   ranked = {r['id']: r for r in _jsonl(stages / 'evaluate' / 'filter_ranked_seed0.jsonl')}
-  assert {i: p['evidence'] for i, p in by_row['ranked@0'].items()} == {i: r['context'] for i, r in ranked.items()}
+  assert set(ranked) == set(by_row['ranked@0'])
   for i, r in ranked.items():
     flat = [s for row in test_sentences[i] for s in row]
     assert len(r['loglik']) == 1 + len(flat) and r['context'] == ([''] + flat)[int(np.argmax(r['loglik']))]
+    expected = flat[int(np.argmax(r['loglik'][1:]))] if flat else ''
+    assert by_row['ranked@0'][i]['evidence'] == expected
   keep = {r['id']: r['keep'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
   retrieved = {r['id']: r for r in _jsonl(stages / 'retrieve' / 'test.jsonl')}
   for i, p in by_row['psg@0'].items():
@@ -118,9 +122,27 @@ def test_ci_pipeline_end_to_end(tmp_path):
   assert {r['key'] for r in cxmi_results['rows']} == {'none', 'silver'}
 
 
+def test_ranked_context_keeps_the_most_likely_sentences_in_reading_order():
+  sentences = [['a0.', 'a1.', 'a2.'], ['b0.']]
+  loglik = [-1.0, -3.0, -0.5, -2.0, -0.5]  # empty, a0, a1, a2, b0
+  assert pipeline_filco.ranked_context(loglik, sentences, keep=1, allow_empty=False) == 'a1.'  # tie: earlier
+  assert pipeline_filco.ranked_context(loglik, sentences, keep=2, allow_empty=False) == 'a1. b0.'
+  assert pipeline_filco.ranked_context(loglik, sentences, keep=3, allow_empty=True) == 'a1. a2. b0.'
+  assert pipeline_filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=2, allow_empty=True) == ''
+  assert pipeline_filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=1,
+                                       allow_empty=False) == 'a1.'
+  assert pipeline_filco.ranked_context([-1.0], [[]], keep=1, allow_empty=False) == ''  # no sentence
+  with pytest.raises(ValueError, match='2 scores for the empty context and 4 sentences'):
+    pipeline_filco.ranked_context([0.0, 1.0], sentences, keep=1, allow_empty=False)
+  with pytest.raises(ValueError, match='at least 1'):
+    pipeline_filco.ranked_context(loglik, sentences, keep=0, allow_empty=False)
+
+
 def test_bad_config_is_refused_before_any_work(tmp_path):
   from recomp_jax.pipelines.shared import PipelineError
   with pytest.raises(PipelineError, match='filco.measure'):
     pipeline_runner.run(_config(tmp_path, **{'filco.measure': 'bleu'}), str(tmp_path))
   with pytest.raises(PipelineError, match='filco.variant'):
     pipeline_runner.run(_config(tmp_path, **{'filco.variant': 'github'}), str(tmp_path))
+  with pytest.raises(PipelineError, match='filco.ranked_sentences'):
+    pipeline_runner.run(_config(tmp_path, **{'filco.ranked_sentences': 0}), str(tmp_path))

@@ -295,6 +295,11 @@ def filco_config() -> ml_collections.ConfigDict:
   c.filco.threshold = -1.0  # < 0: the measure's own λ (lexical 0.5, cxmi 0 in log space)
   c.filco.lexical_against = 'output'  # 'query' for fact verification (FEVER): §2.2
   c.filco.questions_per_call = 16
+  # The FILCO ranked row (beyond the paper): the filter model's `ranked_sentences` most likely
+  # sentences of the passages, in reading order; with `ranked_empty` the empty context competes
+  # too (the filter model learnt to write nothing). Evaluation only: no model depends on them.
+  c.filco.ranked_sentences = 1
+  c.filco.ranked_empty = False
   c.filter = _lm_section(max_source_length=1024, max_target_length=512, max_new_tokens=512)
   c.generator = _lm_section(max_source_length=1024, max_target_length=32, max_new_tokens=32)
   return c

@@ -16,8 +16,9 @@ passages (1: the paper's main setting; 5: its Table 5):
   ``t_silver`` (FILCO);
 * rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG, FILCO (the
   FILCO generator reading the filter model's *own* predictions), FILCO ranked (the same
-  generator reading the filter model's most likely passage sentence or nothing,
-  :func:`recomp_jax.compressors.filco.ranked_filter`: constrained decoding, not in the paper),
+  generator reading the filter model's most likely passage sentence(s),
+  :func:`recomp_jax.compressors.filco.ranked_filter` and :func:`ranked_context`: constrained
+  decoding, not in the paper),
   SILVER (the same generator reading the test ``t_silver``, made with the gold answer: an
   upper bound) and the zero-shot reader on the filter model's predictions.
 
@@ -55,11 +56,13 @@ ROW_NAMES = {
     'full': 'FULL: generator trained and tested on the whole passage(s)',
     'psg': 'PSG: passages kept by the passage-level filter, generator trained on kept passages',
     'trained': 'FILCO: filter model predictions -> generator trained on silver context',
-    'ranked': "FILCO ranked: the filter model's most likely passage sentence (or nothing) -> the FILCO generator",
+    'ranked': "FILCO ranked: the filter model's most likely passage sentence(s) -> the FILCO generator",
     'silver': 'SILVER: the silver context (made with the gold answer) -> FILCO generator',
     'filtered_reader': 'filter model predictions -> zero-shot reader (no generator training)',
 }
 SPLITS = ('train', 'dev', 'test')
+# ``config.filco`` fields no stage reads (the silver fingerprint leaves them out).
+EVALUATION_ONLY = ('questions_per_call', 'ranked_sentences', 'ranked_empty')
 
 
 def wanted_rows(config) -> list[str]:
@@ -277,9 +280,31 @@ def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_
   return {i: r['context'] for i, r in records.items()}
 
 
+def ranked_context(loglik: Sequence[float], sentences: Sequence[Sequence[str]], *, keep: int,
+                   allow_empty: bool) -> str:
+  """The FILCO ranked row's context from :func:`filco.ranked_filter`'s scores (``loglik``:
+  the empty context first, then each sentence of ``sentences [P][S_p]`` in order).
+
+  The ``keep`` most likely sentences, joined in reading order; with ``allow_empty``, nothing
+  when the empty context is the most likely output of all (``keep=1, allow_empty=True`` is
+  ``ranked_filter``'s own choice). Ties go to the earlier sentence.
+  """
+  if keep < 1:
+    raise ValueError(f'filco.ranked_sentences must be at least 1, got {keep}')
+  where = [(p, j) for p, row in enumerate(sentences) for j in range(len(row))]
+  if len(loglik) != 1 + len(where):
+    raise ValueError(f'{len(loglik)} scores for the empty context and {len(where)} sentences')
+  scores = np.asarray(loglik, np.float64)
+  if not where or (allow_empty and int(np.argmax(scores)) == 0):
+    return ''
+  best = sorted(np.argsort(-scores[1:], kind='stable')[:keep].tolist())
+  return ' '.join(sentences[where[i][0]][where[i][1]] for i in best)
+
+
 def filter_ranked(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, str]:
-  """The filter model's most likely sentence of the top passages, or '' (:func:`filco.ranked_filter`),
-  for every example, appended to ``out_path`` with every candidate's score (resumable)."""
+  """The FILCO ranked context of every example (:func:`ranked_context` under
+  ``config.filco.ranked_sentences`` / ``ranked_empty``); the scores of every candidate are
+  appended to ``out_path`` (resumable; the rule is applied on reading them)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
   k = config.candidates.top_docs
   model = functools.cache(lambda: Reader(model_dir, score_batch_size=config.reader.score_batch_size))
@@ -289,7 +314,9 @@ def filter_ranked(config, model_dir: str, examples: Sequence[Example], out_path:
                                [filco.passage_sentences(e.ctxs[:k]) for e in part])
 
   records = map_resumable(out_path, examples, rank, chunk=64, desc='filter model, ranked')
-  return {i: r['context'] for i, r in records.items()}
+  return {e.id: ranked_context(records[e.id]['loglik'], filco.passage_sentences(e.ctxs[:k]),
+                               keep=config.filco.ranked_sentences, allow_empty=config.filco.ranked_empty)
+          for e in examples}
 
 
 def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[bool]]:
@@ -336,6 +363,8 @@ class FilcoSystem(System):
     if config.filco.lexical_against not in ('output', 'query'):
       raise shared.PipelineError("filco.lexical_against must be 'output' or 'query', "
                                  f'got {config.filco.lexical_against!r}')
+    if config.filco.ranked_sentences < 1:
+      raise shared.PipelineError(f'filco.ranked_sentences must be at least 1, got {config.filco.ranked_sentences}')
     if not shared.trains(config):
       raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
 
@@ -345,7 +374,7 @@ class FilcoSystem(System):
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
     # lexical_against joins the fingerprint only when set, so earlier runs keep theirs.
-    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k != 'questions_per_call'
+    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k not in EVALUATION_ONLY
                                and (k != 'lexical_against' or v != 'output')},
                      'top_docs': config.candidates.top_docs}
     if config.filco.measure == 'cxmi':
@@ -379,7 +408,8 @@ class FilcoSystem(System):
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     cfg = ctx.config.to_dict()
-    return {'filter_generation': {k: cfg['filter'][k] for k in ('max_new_tokens', 'max_source_length')}}
+    return {'filter_generation': {k: cfg['filter'][k] for k in ('max_new_tokens', 'max_source_length')},
+            'ranked': {k: cfg['filco'][k] for k in ('ranked_sentences', 'ranked_empty')}}
 
   def rows(self, ctx: Context, examples: Sequence[Example], directory: str) -> list[Row]:
     config = ctx.config
@@ -460,5 +490,5 @@ class FilcoSystem(System):
 
 
 __all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
-           'generator_pairs', 'psg_pairs',
+           'generator_pairs', 'psg_pairs', 'ranked_context',
            'silver_records', 'stage_finetune', 'stage_silver']
