@@ -14,7 +14,6 @@ without the empty context competing. The ranked scores are cached in the work di
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,14 +25,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-def load_config(spec: str):
-  path, _, preset = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('experiment_config', os.path.join(REPO, path))
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(preset) if preset else module.get_config()
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
@@ -43,11 +34,12 @@ def main(argv=None) -> int:
 
   from recomp_jax.compressors import filco
   from recomp_jax.evaluation import qa_metrics
+  from recomp_jax.main import _load_config_file  # the entry point's loader: path[:preset], clear errors
   from recomp_jax.pipelines import filco as pipeline
   from recomp_jax.pipelines import shared
   from recomp_jax.reader import Reader, prompts
 
-  config = load_config(args.config)
+  config = _load_config_file(os.path.join(REPO, args.config))
   stages = os.path.join(args.workdir, 'stages')
   needed = [f'{name}_seed{args.seed}' for name in ('filter', 'generator_filco', 'generator_full')]
   missing = [n for n in needed if not os.path.exists(os.path.join(stages, n, 'DONE.json'))]
