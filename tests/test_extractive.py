@@ -491,8 +491,23 @@ def test_stage_fingerprint_follows_the_code_it_runs(tmp_path, monkeypatch):
   runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
   runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
   assert len(calls) == 1
-  real = stages.module_source_hash
-  monkeypatch.setattr(stages, 'module_source_hash',
+  real = stages.module_code_hash
+  monkeypatch.setattr(stages, 'module_code_hash',
                       lambda name: 'edited' if name == 'recomp_jax.reader.prompts' else real(name))
   runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
   assert len(calls) == 2
+
+
+def test_code_digest_ignores_documentation_and_layout_only():
+  from recomp_jax.pipelines.stages import code_digest
+  source = ('"""Module doc."""\n\nX = 1\n\n\nclass A:\n  """Class doc."""\n\n  def f(self, y):\n'
+            '    """Method doc."""\n    return y + X  # comment\n\n\ndef g():\n  return "not a docstring" + f"{X}"\n')
+  documented = ('"""Another module doc,\nover two lines."""\n# a comment\nX = 1\nclass A:\n'
+                '  """Other class doc."""\n  def f(self, y):\n    return (y +\n            X)\n'
+                'def g():\n  """A docstring added."""\n  return "not a docstring" + f"{X}"\n')
+  assert code_digest(documented) == code_digest(source)
+  for changed in (source.replace('y + X', 'y - X'), source.replace('"not a docstring"', '"other"'),
+                  source.replace('X = 1', 'X = 2'), source.replace('def g():', 'def h():')):
+    assert code_digest(changed) != code_digest(source)
+  # a string that is not the first statement is code, not documentation
+  assert code_digest('X = 1\n"kept"\n') != code_digest('X = 1\n')

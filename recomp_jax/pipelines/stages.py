@@ -8,8 +8,10 @@ sha256 of every file it wrote). A stage's fingerprint covers
   :func:`file_fingerprint`),
 * the fingerprints of the stages it reads from (``deps``), so a changed data file
   reruns everything downstream, and
-* the source hash of the modules it runs (``code``), so a changed reader, prompt or
-  loss reruns the stage.
+* the code hash of the modules it runs (``code``), so a changed reader, prompt or
+  loss reruns the stage. The code hash reads each file's syntax tree without its
+  docstrings (:func:`module_code_hash`): an edit to a comment, a docstring or the
+  layout keeps every finished stage (a results file's ``source_hash`` stays exact).
 
 A rerun skips a finished stage whose fingerprint matches and whose files still match
 the manifest; a damaged or missing file is named in a warning and the stage is
@@ -37,6 +39,7 @@ download each stage into their own mirror once process 0 has uploaded it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -99,26 +102,54 @@ def file_fingerprint(path: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def module_source_hash(module_name: str) -> str:
-  """sha256 of a module's source (a package: every ``.py`` file under it)."""
-  module = importlib.import_module(module_name)
-  path = module.__file__
+  """sha256 of a module's exact source bytes (a package: every ``.py`` file under it): the
+  provenance of a results file. Stage fingerprints use :func:`module_code_hash` instead."""
   digest = hashlib.sha256()
-  if os.path.basename(path) == '__init__.py':
-    root = os.path.dirname(path)
-    for directory, _, files in sorted(os.walk(root)):
-      for name in sorted(files):
-        if name.endswith('.py'):
-          full = os.path.join(directory, name)
-          digest.update(os.path.relpath(full, root).encode())
-          digest.update(open(full, 'rb').read())
-  else:
-    digest.update(open(path, 'rb').read())
+  package = importlib.import_module(module_name).__file__.endswith('__init__.py')
+  for name, path in _module_files(module_name):
+    if package:
+      digest.update(name.encode())
+    with open(path, 'rb') as f:
+      digest.update(f.read())
+  return digest.hexdigest()
+
+
+def _module_files(module_name: str) -> list[tuple[str, str]]:
+  """``(name relative to the package, path)`` of a module's ``.py`` files (a package: all of them)."""
+  path = importlib.import_module(module_name).__file__
+  if os.path.basename(path) != '__init__.py':
+    return [(os.path.basename(path), path)]
+  root = os.path.dirname(path)
+  return [(os.path.relpath(os.path.join(d, n), root), os.path.join(d, n))
+          for d, _, files in sorted(os.walk(root)) for n in sorted(files) if n.endswith('.py')]
+
+
+def code_digest(source: str) -> str:
+  """sha256 of what a Python source does: its syntax tree without docstrings (comments and
+  layout are not in the tree), so documentation edits leave it unchanged."""
+  tree = ast.parse(source)
+  for node in ast.walk(tree):
+    body = getattr(node, 'body', None)
+    if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+        and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      node.body = body[1:]
+  return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def module_code_hash(module_name: str) -> str:
+  """:func:`code_digest` of a module (a package: of every ``.py`` file under it, with its name)."""
+  digest = hashlib.sha256()
+  for name, path in _module_files(module_name):
+    with open(path, encoding='utf-8') as f:
+      digest.update(f'{name}\0{code_digest(f.read())}\0'.encode())
   return digest.hexdigest()
 
 
 def code_hash(modules: Sequence[str]) -> str:
-  """One hash of the sources of ``modules`` (names like ``'recomp_jax.reader.prompts'``)."""
-  return fingerprint({m: module_source_hash(m) for m in sorted(modules)})
+  """One hash of the code of ``modules`` (names like ``'recomp_jax.reader.prompts'``)."""
+  return fingerprint({m: module_code_hash(m) for m in sorted(modules)})
 
 
 def directory_manifest(directory: str, *, skip: Sequence[str] = ('DONE.json', 'STARTED.json')) -> dict:
