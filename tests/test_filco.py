@@ -160,7 +160,7 @@ def test_ranked_filter_keeps_the_filter_models_most_likely_whole_output(gemma3_h
                [['Rain falls.']]]
   prompts_text = [filco.filter_prompt('what is the capital of france', 'France\nParis is the capital.'),
                   filco.filter_prompt('is it raining', 'Weather\nRain falls.')]
-  chosen = filco.ranked_filter(reader, prompts_text, sentences)
+  scores = filco.ranked_filter(reader, prompts_text, sentences)
   tokenizer = AutoTokenizer.from_pretrained(gemma3_hf_dir)
 
   def loglik(prompt: str, output: str) -> float:
@@ -171,15 +171,30 @@ def test_ranked_filter_keeps_the_filter_models_most_likely_whole_output(gemma3_h
       logp = torch.log_softmax(gemma3_torch(ids).logits[0].double(), -1)
     return float(sum(logp[p.shape[1] - 1 + i, tok] for i, tok in enumerate(t)))
 
-  for prompt, rows, record in zip(prompts_text, sentences, chosen):
+  for prompt, rows, mine in zip(prompts_text, sentences, scores):
     flat = [s for row in rows for s in row]
     expected = [loglik(prompt, '')] + [loglik(prompt, ' ' + s) for s in flat]
-    np.testing.assert_allclose(record['loglik'], expected, atol=2e-3)
+    np.testing.assert_allclose(mine, expected, atol=2e-3)
     best = int(np.argmax(expected))
-    assert record['context'] == ([''] + flat)[best]
-    assert (record['indices'] == []) == (best == 0)
-    if record['indices']:
-      (p, j), = record['indices']
-      assert rows[p][j] == record['context']
+    assert filco.ranked_context(mine, rows, keep=1, allow_empty=True) == ([''] + flat)[best]
+  # each prompt encoded once: the same numbers as scoring every (prompt, output) pair whole
+  pairs = reader.output_loglik([p for p, rows in zip(prompts_text, sentences) for _ in range(1 + sum(map(len, rows)))],
+                               [c for rows in sentences for c in [''] + [' ' + s for row in rows for s in row]])
+  np.testing.assert_allclose(np.concatenate(scores), pairs, atol=2e-4)
   with pytest.raises(ValueError, match='2 prompts for 1'):
     filco.ranked_filter(reader, prompts_text, sentences[:1])
+
+
+def test_ranked_context_keeps_the_most_likely_sentences_in_reading_order():
+  sentences = [['a0.', 'a1.', 'a2.'], ['b0.']]
+  loglik = [-1.0, -3.0, -0.5, -2.0, -0.5]  # empty, a0, a1, a2, b0
+  assert filco.ranked_context(loglik, sentences, keep=1, allow_empty=False) == 'a1.'  # tie: earlier
+  assert filco.ranked_context(loglik, sentences, keep=2, allow_empty=False) == 'a1. b0.'
+  assert filco.ranked_context(loglik, sentences, keep=3, allow_empty=True) == 'a1. a2. b0.'
+  assert filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=2, allow_empty=True) == ''
+  assert filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=1, allow_empty=False) == 'a1.'
+  assert filco.ranked_context([-1.0], [[]], keep=1, allow_empty=False) == ''  # no sentence
+  with pytest.raises(ValueError, match='2 scores for the empty context and 4 sentences'):
+    filco.ranked_context([0.0, 1.0], sentences, keep=1, allow_empty=False)
+  with pytest.raises(ValueError, match='at least 1'):
+    filco.ranked_context(loglik, sentences, keep=0, allow_empty=False)

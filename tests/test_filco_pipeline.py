@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from recomp_jax.evaluation import qa_metrics, report
-from recomp_jax.pipelines import filco as pipeline_filco
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.training.summaries import read_scalars
 
@@ -91,7 +90,7 @@ def test_ci_pipeline_end_to_end(tmp_path):
   assert set(ranked) == set(by_row['ranked@0'])
   for i, r in ranked.items():
     flat = [s for row in test_sentences[i] for s in row]
-    assert len(r['loglik']) == 1 + len(flat) and r['context'] == ([''] + flat)[int(np.argmax(r['loglik']))]
+    assert len(r['loglik']) == 1 + len(flat)
     expected = flat[int(np.argmax(r['loglik'][1:]))] if flat else ''
     assert by_row['ranked@0'][i]['evidence'] == expected
   keep = {r['id']: r['keep'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
@@ -120,22 +119,6 @@ def test_ci_pipeline_end_to_end(tmp_path):
     best = max(flat, default=0.0)
     assert (r['silver'] != '') == (best > 0.0)
   assert {r['key'] for r in cxmi_results['rows']} == {'none', 'silver'}
-
-
-def test_ranked_context_keeps_the_most_likely_sentences_in_reading_order():
-  sentences = [['a0.', 'a1.', 'a2.'], ['b0.']]
-  loglik = [-1.0, -3.0, -0.5, -2.0, -0.5]  # empty, a0, a1, a2, b0
-  assert pipeline_filco.ranked_context(loglik, sentences, keep=1, allow_empty=False) == 'a1.'  # tie: earlier
-  assert pipeline_filco.ranked_context(loglik, sentences, keep=2, allow_empty=False) == 'a1. b0.'
-  assert pipeline_filco.ranked_context(loglik, sentences, keep=3, allow_empty=True) == 'a1. a2. b0.'
-  assert pipeline_filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=2, allow_empty=True) == ''
-  assert pipeline_filco.ranked_context([0.0, -3.0, -0.5, -2.0, -0.5], sentences, keep=1,
-                                       allow_empty=False) == 'a1.'
-  assert pipeline_filco.ranked_context([-1.0], [[]], keep=1, allow_empty=False) == ''  # no sentence
-  with pytest.raises(ValueError, match='2 scores for the empty context and 4 sentences'):
-    pipeline_filco.ranked_context([0.0, 1.0], sentences, keep=1, allow_empty=False)
-  with pytest.raises(ValueError, match='at least 1'):
-    pipeline_filco.ranked_context(loglik, sentences, keep=0, allow_empty=False)
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):

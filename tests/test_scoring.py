@@ -183,6 +183,43 @@ def test_shared_prefix_equals_full_strings_and_hf(gemma_pair, monkeypatch):
   _assert_scores(shared, reference)
 
 
+def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
+  """Ragged groups (1, 6 > batch_size and 3 candidates; prefixes of different lengths, one
+  longer than the window) give each candidate the score of its full string."""
+  hf, model = gemma_pair
+  tokenizer = _char_tokenizer()
+  calls = []
+  encode = scoring._prefix_jit
+  monkeypatch.setattr(scoring, '_prefix_jit', lambda *a, **k: calls.append(a[2].shape) or encode(*a, **k))
+  prefixes = [PREFIX, 'ab', 'Q: where is the moon?\nA:']
+  owners = [1, 0, 2, 0, 0, 2, 0, 0, 2, 0]
+  suffixes = ['', 'x', ' the', '', 'q\nA:', '', 'zz', ' ok', '?', '']
+  targets = [' c', ' me', ' up', ' you', ' no', ' there', ' yes', ' fine', ' no', '']
+  scorer = scoring.CausalScorer(model, tokenizer, batch_size=4)
+  prefix_ids = tokenizer(prefixes)['input_ids']
+  grouped = scorer.score_ids_with_prefixes(prefix_ids, owners,
+                                           tokenizer(suffixes, add_special_tokens=False)['input_ids'],
+                                           tokenizer(targets, add_special_tokens=False)['input_ids'])
+  assert [shape[0] for shape in calls] == [1, 1, 1, 1]  # 4 slots a prefix: group 0 (6) takes two units
+  full = scorer.score_details([prefixes[g] + a for g, a in zip(owners, suffixes)], targets)
+  np.testing.assert_allclose(grouped.total, full.total, atol=TOL, rtol=0)
+  np.testing.assert_array_equal(grouped.num_tokens, full.num_tokens)
+  assert grouped.num_tokens[-1] == 0 and grouped.total[-1] == 0.0
+  assert np.ptp(grouped.total) > 1.0
+  reference = _hf_causal(hf, tokenizer([prefixes[g] + a for g, a in zip(owners, suffixes)])['input_ids'],
+                         tokenizer(targets, add_special_tokens=False)['input_ids'])
+  _assert_scores(grouped, reference)
+  # two candidates per prefix: two prefixes share a call
+  calls.clear()
+  pairs = scorer.score_ids_with_prefixes(prefix_ids, [0, 1, 1, 2], [[], [], [], []],
+                                         tokenizer(TARGETS[:4], add_special_tokens=False)['input_ids'])
+  assert [shape[0] for shape in calls] == [2, 2]
+  np.testing.assert_allclose(pairs.total, scorer.score([prefixes[g] for g in (0, 1, 1, 2)], TARGETS[:4]),
+                             atol=TOL, rtol=0)
+  with pytest.raises(ValueError, match='owners must index'):
+    scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
+
+
 # ----------------------------------------------------------------------------- seq2seq
 
 
@@ -313,6 +350,8 @@ def _all_scores(mesh) -> dict[str, np.ndarray]:
   out = {'full': causal.score_ids(contexts, targets).total,
          'prefix': causal.score_ids_with_shared_prefix([2] + list(range(40, 60)), suffixes,
                                                        targets).total,
+         'prefixes': causal.score_ids_with_prefixes(contexts[:3], [0, 2, 1, 1, 0, 2, 2, 1], suffixes,
+                                                    targets).total,
          'seq2seq': seq2seq.score_ids(contexts, [t + [1] for t in targets]).total}
   if mesh is not None:
     out['embedding_spec'] = causal.model.embedder.embedding.get_value().sharding.spec

@@ -262,40 +262,47 @@ def cxmi_scores(reader, questions: Sequence[str], sentences: Sequence[Sequence[S
 
 
 def ranked_filter(model, prompts_text: Sequence[str], sentences: Sequence[Sequence[Sequence[str]]]
-                  ) -> list[dict]:
-  """The filter model's most likely output among the sentences of its passages and nothing.
+                  ) -> list[list[float]]:
+  """The filter model's score of every output it was trained to give: nothing, or one sentence.
 
-  Each candidate is a target the filter model was trained on: ``' ' + sentence`` for every
-  sentence (``sentences[i]`` is ``[P][S_p]``) and ``''`` (the empty context). Its score is
+  Each candidate is a target the filter model was trained on: ``''`` (the empty context) and
+  ``' ' + sentence`` for every sentence (``sentences[i]`` is ``[P][S_p]``). Its score is
   ``log p(candidate ⊕ EOS | prompt_i)`` under ``model`` (a :class:`recomp_jax.reader.Reader`
-  around the fine-tuned filter model, :meth:`~recomp_jax.reader.Reader.output_loglik`), so
-  the choice is the exact most likely output over that set. Ties go to the empty context,
-  then to the earlier sentence.
+  around the fine-tuned filter model), each prompt encoded once and its candidates scored
+  as continuations (:meth:`~recomp_jax.reader.Reader.output_loglik_per_prompt`).
+  :func:`ranked_context` turns the scores into a context.
 
   Returns:
-    per example ``{'context': str, 'indices': [[p, s]] or [], 'loglik': [1 + S] floats}``,
-    the empty context's score first, then each sentence in passage and reading order.
+    per example ``[1 + S]`` floats: the empty context's score, then each sentence in passage
+    and reading order.
   """
   if len(prompts_text) != len(sentences):
     raise ValueError(f'{len(prompts_text)} prompts for {len(sentences)} sentence lists')
-  flat_prompts, candidates = [], []
-  for prompt, rows in zip(prompts_text, sentences):
-    for text in [''] + [' ' + s for row in rows for s in row]:
-      flat_prompts.append(prompt)
-      candidates.append(text)
-  scores = np.asarray(model.output_loglik(flat_prompts, candidates), np.float64)
-  out, start = [], 0
-  for rows in sentences:
-    where = [(p, j) for p, row in enumerate(rows) for j in range(len(row))]
-    mine = scores[start:start + 1 + len(where)]
-    start += 1 + len(where)
-    best = int(np.argmax(mine))  # the first maximum: the empty context, then reading order
-    if best == 0:
-      out.append({'context': '', 'indices': [], 'loglik': mine.tolist()})
-    else:
-      p, j = where[best - 1]
-      out.append({'context': rows[p][j], 'indices': [[p, j]], 'loglik': mine.tolist()})
-  return out
+  candidates = [[''] + [' ' + s for row in rows for s in row] for rows in sentences]
+  return [np.asarray(scores, np.float64).tolist()
+          for scores in model.output_loglik_per_prompt(list(prompts_text), candidates)]
+
+
+def ranked_context(loglik: Sequence[float], sentences: Sequence[Sequence[str]], *, keep: int,
+                   allow_empty: bool) -> str:
+  """A context from :func:`ranked_filter`'s scores (``loglik``: the empty context first, then
+  each sentence of ``sentences [P][S_p]`` in order).
+
+  The ``keep`` most likely sentences, joined in reading order; with ``allow_empty``, nothing
+  when the empty context is the most likely output of all (``keep=1, allow_empty=True`` is the
+  filter model's exact most likely output over the candidates). Ties go to the earlier
+  sentence, and to the empty context before any sentence.
+  """
+  if keep < 1:
+    raise ValueError(f'filco.ranked_sentences must be at least 1, got {keep}')
+  where = [(p, j) for p, row in enumerate(sentences) for j in range(len(row))]
+  if len(loglik) != 1 + len(where):
+    raise ValueError(f'{len(loglik)} scores for the empty context and {len(where)} sentences')
+  scores = np.asarray(loglik, np.float64)
+  if not where or (allow_empty and int(np.argmax(scores)) == 0):
+    return ''
+  best = sorted(np.argsort(-scores[1:], kind='stable')[:keep].tolist())
+  return ' '.join(sentences[where[i][0]][where[i][1]] for i in best)
 
 
 # ----------------------------------------------------------------------------- model inputs
@@ -325,6 +332,7 @@ def generator_prompt(question: str, context: str) -> str:
 
 __all__ = ['CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
            'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
-           'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_filter', 'released_exact_match',
+           'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_context', 'ranked_filter',
+           'released_exact_match',
            'select', 'strinc',
            'text_scores', 'unigram_f1', 'unigram_precision']

@@ -342,7 +342,8 @@ class DecodeCache:
     return self.valid.shape[1]
 
   def tile(self, batch: int) -> 'DecodeCache':
-    """Repeats a batch-1 cache (e.g. a shared prompt prefix) ``batch`` times."""
+    """Repeats each row ``batch`` times, in place (``[g0, g0, ..., g1, g1, ...]``): a batch-1
+    cache (a shared prompt prefix) becomes ``batch`` rows, ``G`` prefixes ``G * batch``."""
     rep = lambda x: jnp.repeat(x, batch, axis=0)
     return DecodeCache(tuple(map(rep, self.keys)), tuple(map(rep, self.values)), rep(self.valid),
                        self.length, rep(self.next_position), self.fresh)

@@ -17,7 +17,7 @@ passages (1: the paper's main setting; 5: its Table 5):
 * rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG, FILCO (the
   FILCO generator reading the filter model's *own* predictions), FILCO ranked (the same
   generator reading the filter model's most likely passage sentence(s),
-  :func:`recomp_jax.compressors.filco.ranked_filter` and :func:`ranked_context`: constrained
+  :func:`recomp_jax.compressors.filco.ranked_filter` and ``ranked_context``: constrained
   decoding, not in the paper),
   SILVER (the same generator reading the test ``t_silver``, made with the gold answer: an
   upper bound) and the zero-shot reader on the filter model's predictions.
@@ -280,42 +280,24 @@ def filter_predictions(config, model_dir: str, examples: Sequence[Example], out_
   return {i: r['context'] for i, r in records.items()}
 
 
-def ranked_context(loglik: Sequence[float], sentences: Sequence[Sequence[str]], *, keep: int,
-                   allow_empty: bool) -> str:
-  """The FILCO ranked row's context from :func:`filco.ranked_filter`'s scores (``loglik``:
-  the empty context first, then each sentence of ``sentences [P][S_p]`` in order).
-
-  The ``keep`` most likely sentences, joined in reading order; with ``allow_empty``, nothing
-  when the empty context is the most likely output of all (``keep=1, allow_empty=True`` is
-  ``ranked_filter``'s own choice). Ties go to the earlier sentence.
-  """
-  if keep < 1:
-    raise ValueError(f'filco.ranked_sentences must be at least 1, got {keep}')
-  where = [(p, j) for p, row in enumerate(sentences) for j in range(len(row))]
-  if len(loglik) != 1 + len(where):
-    raise ValueError(f'{len(loglik)} scores for the empty context and {len(where)} sentences')
-  scores = np.asarray(loglik, np.float64)
-  if not where or (allow_empty and int(np.argmax(scores)) == 0):
-    return ''
-  best = sorted(np.argsort(-scores[1:], kind='stable')[:keep].tolist())
-  return ' '.join(sentences[where[i][0]][where[i][1]] for i in best)
-
-
 def filter_ranked(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, str]:
-  """The FILCO ranked context of every example (:func:`ranked_context` under
+  """The FILCO ranked context of every example (:func:`filco.ranked_context` under
   ``config.filco.ranked_sentences`` / ``ranked_empty``); the scores of every candidate are
   appended to ``out_path`` (resumable; the rule is applied on reading them)."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
   k = config.candidates.top_docs
   model = functools.cache(lambda: Reader(model_dir, score_batch_size=config.reader.score_batch_size))
 
+  sentences = {e.id: filco.passage_sentences(e.ctxs[:k]) for e in examples}
+
   def rank(part):
-    return filco.ranked_filter(model(), filter_inputs(config, model().tokenizer, part),
-                               [filco.passage_sentences(e.ctxs[:k]) for e in part])
+    scores = filco.ranked_filter(model(), filter_inputs(config, model().tokenizer, part),
+                                 [sentences[e.id] for e in part])
+    return [{'loglik': s} for s in scores]
 
   records = map_resumable(out_path, examples, rank, chunk=64, desc='filter model, ranked')
-  return {e.id: ranked_context(records[e.id]['loglik'], filco.passage_sentences(e.ctxs[:k]),
-                               keep=config.filco.ranked_sentences, allow_empty=config.filco.ranked_empty)
+  return {e.id: filco.ranked_context(records[e.id]['loglik'], sentences[e.id],
+                                     keep=config.filco.ranked_sentences, allow_empty=config.filco.ranked_empty)
           for e in examples}
 
 
@@ -490,5 +472,5 @@ class FilcoSystem(System):
 
 
 __all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
-           'generator_pairs', 'psg_pairs', 'ranked_context',
+           'generator_pairs', 'psg_pairs',
            'silver_records', 'stage_finetune', 'stage_silver']

@@ -114,6 +114,29 @@ class Reader:
     return self.scorer.score_ids([list(ids) for ids in prompt_ids],
                                  [list(ids) + [eos] for ids in output_ids]).reduce('sum')
 
+  def output_loglik_per_prompt(self, prompt_texts: Sequence[str],
+                               outputs: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    """:meth:`output_loglik` of many outputs per prompt: ``[len(outputs[g])]`` scores per
+    prompt ``g``. A causal model encodes each prompt once and scores its outputs as
+    continuations of the cached prompt (:meth:`recomp_jax.reader.scoring.CausalScorer.score_ids_with_prefixes`);
+    the numbers equal :meth:`output_loglik` on the repeated prompts up to float rounding."""
+    if len(prompt_texts) != len(outputs):
+      raise ValueError(f'{len(prompt_texts)} prompts for {len(outputs)} output lists')
+    flat = [o for group in outputs for o in group]
+    if self.is_seq2seq or not flat:
+      scores = self.output_loglik([p for p, group in zip(prompt_texts, outputs) for _ in group], flat)
+    else:
+      eos = self.tokenizer.eos_token_id
+      if eos is None:
+        raise ValueError('the tokenizer has no eos_token_id: a whole output cannot be scored')
+      prompt_ids = [list(ids) for ids in self.tokenizer(list(prompt_texts), add_special_tokens=True)['input_ids']]
+      output_ids = self.tokenizer(flat, add_special_tokens=False)['input_ids']
+      owners = [g for g, group in enumerate(outputs) for _ in group]
+      scores = self.scorer.score_ids_with_prefixes(prompt_ids, owners, [[] for _ in flat],
+                                                   [list(ids) + [eos] for ids in output_ids]).reduce('sum')
+    bounds = np.cumsum([0] + [len(group) for group in outputs])
+    return [np.asarray(scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
   def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
     """Greedy answers, cut at the first stop string and stripped (one per prompt)."""
     if not prompt_texts:

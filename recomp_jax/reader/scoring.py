@@ -263,11 +263,12 @@ def continuation_log_likelihood(model: GemmaModel, prefix: PrefixState, input_id
                                 attention_mask: jax.Array, predict_index: jax.Array,
                                 target_ids: jax.Array, target_mask: jax.Array, *,
                                 vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> LogLikelihood:
-  """Target log-likelihood of ``B`` continuations of one encoded prefix.
+  """Target log-likelihood of ``B`` continuations of ``G`` encoded prefixes (``B = G * R``).
 
   Args:
     model: a causal :class:`GemmaModel`.
-    prefix: from :func:`encode_prefix` (batch 1; tiled here to ``B``).
+    prefix: from :func:`encode_prefix` with ``G`` rows; each row is repeated ``R = B // G``
+      times here, so rows ``g * R ... g * R + R - 1`` continue prefix ``g``.
     input_ids: ``[B, T]`` suffix then target tokens, right-padded.
     attention_mask: ``[B, T]`` 1 = real token.
     predict_index: ``[B, A]`` index into ``[prefix's last token, chunk tokens 0..T-1]``
@@ -275,11 +276,12 @@ def continuation_log_likelihood(model: GemmaModel, prefix: PrefixState, input_id
       ``j`` has ``predict_index = j``.
     target_ids, target_mask: ``[B, A]``.
   """
-  batch = input_ids.shape[0]
-  cache = _batch_constrained(prefix.cache.tile(batch))
+  batch, groups = input_ids.shape[0], prefix.last_hidden.shape[0]
+  if batch % groups:
+    raise ValueError(f'{batch} continuation rows do not divide over {groups} prefixes')
+  cache = _batch_constrained(prefix.cache.tile(batch // groups))
   hidden, _ = model.prefill(input_ids, attention_mask, cache, return_hidden=True)  # [B, T, D]
-  last = jnp.broadcast_to(prefix.last_hidden[:, None].astype(hidden.dtype),
-                          (batch, 1, hidden.shape[-1]))
+  last = jnp.repeat(prefix.last_hidden, batch // groups, axis=0)[:, None].astype(hidden.dtype)
   hidden = jnp.concatenate([last, hidden], axis=1)                                 # [B, 1+T, D]
   return _log_likelihood(hidden, predict_index, target_ids, target_mask, output_head(model),
                          vocab_chunk)
@@ -561,6 +563,63 @@ class CausalScorer(_Scorer):
                       vocab_chunk=self.vocab_chunk)
       results.append((index, out))
     return _collect(results, len(suffix_ids))
+
+  def score_ids_with_prefixes(self, prefix_ids: Sequence[Sequence[int]], owners: Sequence[int],
+                              suffix_ids: Sequence[Sequence[int]],
+                              target_ids: Sequence[Sequence[int]]) -> Scores:
+    """Many candidates for each of many prefixes: candidate ``i`` is ``log p(target_i |
+    prefix_{owners[i]} + suffix_i)``, each prefix encoded once (``prefix_ids`` include BOS).
+
+    The batched form of :meth:`score_ids_with_shared_prefix` (e.g. every sentence a filter
+    model could write after its own prompt): a compiled call takes ``G`` prefixes with ``R``
+    candidate slots each (``G * R = batch_size``, ``R`` the smallest divisor of
+    ``batch_size`` that holds the largest group; a larger group than ``batch_size`` is split
+    over several units of the same prefix). Prefixes are left-padded to a common bucket, so one cache length
+    serves every row; short groups and the last call are filled with repeats.
+    """
+    self._check_lengths(suffix_ids, target_ids, 'suffixes')
+    self._check_lengths(owners, target_ids, 'owners')
+    if not target_ids:
+      return Scores(np.zeros((0,), np.float32), np.zeros((0,), np.int32), [])
+    if any(not 0 <= g < len(prefix_ids) for g in owners):
+      raise ValueError(f'owners must index the {len(prefix_ids)} prefixes')
+    if any(len(prefix_ids[g]) == 0 for g in set(owners)):
+      raise ValueError('every prefix needs at least one token (BOS)')
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(owners):
+      groups.setdefault(int(g), []).append(i)
+    need = min(max(map(len, groups.values())), self.batch_size)
+    reps = next(d for d in range(need, self.batch_size + 1) if self.batch_size % d == 0)
+    per_call = self.batch_size // reps
+    units = [(g, members[k:k + reps]) for g, members in groups.items()
+             for k in range(0, len(members), reps)]
+    units.sort(key=lambda u: -len(prefix_ids[u[0]]))  # similar prefix lengths share a bucket
+    graphdef, state = nnx.split(self.model)
+    lengths = [len(a) + len(t) for a, t in zip(suffix_ids, target_ids)]
+    results = []
+    for start in range(0, len(units), per_call):
+      call = _fill(units[start:start + per_call], per_call)
+      rows = [i for _, members in call for i in _fill(members, reps)]
+      prefix_len = self._length(max(len(prefix_ids[g]) for g, _ in call))
+      chunk_len = self._length(max(lengths[i] for i in rows))
+      ids, mask = pad_rows([list(prefix_ids[g]) for g, _ in call], prefix_len, self.pad_id, left=True)
+      if self.mesh is not None:
+        replicated = sharding.replicated(self.mesh)
+        ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
+                     for x in (ids, mask))
+      prefix = self._run(_prefix_jit, graphdef, state, ids, mask, capacity=prefix_len + chunk_len)
+      suffixes = [list(suffix_ids[i]) for i in rows]
+      targets = [list(target_ids[i]) for i in rows]
+      chunk_ids, chunk_mask = pad_rows([a + t for a, t in zip(suffixes, targets)], chunk_len, self.pad_id)
+      batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
+               **_targets(targets, [len(a) for a in suffixes], self._slots(max(len(t) for t in targets)))}
+      out = jax.device_get(self._run(_continuation_jit, graphdef, state, prefix, self._put(batch),
+                                     vocab_chunk=self.vocab_chunk))
+      real = [(u * reps + k, i) for u, (_, members) in enumerate(call[:len(units) - start])
+              for k, i in enumerate(members)]
+      positions = np.asarray([p for p, _ in real])
+      results.append((np.asarray([i for _, i in real]), jax.tree.map(lambda x: x[positions], out)))
+    return _collect(results, len(target_ids))
 
 
 class Seq2SeqScorer(_Scorer):
