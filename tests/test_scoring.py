@@ -220,6 +220,24 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
     scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
 
 
+@pytest.mark.parametrize('family', ['gemma', 't5'])
+def test_reader_output_loglik_per_prompt_equals_pairs(gemma_pair, t5_pair, family):
+  """Whole outputs (EOS included) of several prompts: per prompt (Gemma: each prompt encoded
+  once) as on the repeated (prompt, output) pairs; a prompt may have no output."""
+  model = gemma_pair[1] if family == 'gemma' else t5_pair[1]
+  reader = Reader.from_model(model, _char_tokenizer(seq2seq=family == 't5'), score_batch_size=4)
+  prompts_text = [PREFIX, 'ab', 'Q: where is the moon?\nA:']
+  outputs = [['', ' me', ' you and me'], [], [' up', '']]
+  per_prompt = reader.output_loglik_per_prompt(prompts_text, outputs)
+  assert [len(x) for x in per_prompt] == [3, 0, 2]
+  pairs = reader.output_loglik([p for p, group in zip(prompts_text, outputs) for _ in group],
+                               [o for group in outputs for o in group])
+  np.testing.assert_allclose(np.concatenate(per_prompt), pairs, atol=TOL, rtol=0)
+  assert np.ptp(pairs) > 0.5
+  with pytest.raises(ValueError, match='3 prompts for 2 output lists'):
+    reader.output_loglik_per_prompt(prompts_text, outputs[:2])
+
+
 # ----------------------------------------------------------------------------- seq2seq
 
 
@@ -351,7 +369,9 @@ def _all_scores(mesh) -> dict[str, np.ndarray]:
          'prefix': causal.score_ids_with_shared_prefix([2] + list(range(40, 60)), suffixes,
                                                        targets).total,
          'prefixes': causal.score_ids_with_prefixes(contexts[:3], [0, 2, 1, 1, 0, 2, 2, 1], suffixes,
-                                                    targets).total,
+                                                    targets).total,  # 2 prefixes a call: replicated
+         'prefixes_split': causal.score_ids_with_prefixes(contexts, list(range(8)), suffixes,
+                                                          targets).total,  # 8 a call: split over devices
          'seq2seq': seq2seq.score_ids(contexts, [t + [1] for t in targets]).total}
   if mesh is not None:
     out['embedding_spec'] = causal.model.embedder.embedding.get_value().sharding.spec
