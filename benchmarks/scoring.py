@@ -75,7 +75,7 @@ def gemma_gflop(config, batch: int, length: int, head_positions: int) -> float:
 
 
 def hf_answer_log_likelihood(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
-                             targets: np.ndarray) -> np.ndarray:
+                             targets: np.ndarray, target_mask: np.ndarray) -> np.ndarray:
   """The obvious way: full logits, log_softmax over the vocabulary, gather. ``[B]`` sums."""
   with torch.inference_mode():
     logits = model(input_ids=torch.from_numpy(ids).long(),
@@ -83,7 +83,7 @@ def hf_answer_log_likelihood(model, ids: np.ndarray, mask: np.ndarray, positions
     log_p = torch.log_softmax(logits.float(), dim=-1)                      # [B, T, V]
     rows = torch.arange(ids.shape[0])[:, None]
     picked = log_p[rows, torch.from_numpy(positions).long(), torch.from_numpy(targets).long()]
-    return picked.sum(-1).numpy()
+    return (picked * torch.from_numpy(target_mask)).sum(-1).numpy()
 
 
 def right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -96,9 +96,13 @@ def right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def hf_inputs(contexts: list[list[int]], answers: list[list[int]]):
+  """``(ids, mask, positions, targets, target_mask)``; answers may differ in length."""
   ids, mask = right_padded([c + a for c, a in zip(contexts, answers)])
-  positions = np.array([[len(c) - 1 + j for j in range(len(a))] for c, a in zip(contexts, answers)])
-  return ids, mask, positions, np.array(answers)
+  targets, target_mask = right_padded(answers)
+  positions = np.zeros_like(targets)
+  for i, (c, a) in enumerate(zip(contexts, answers)):
+    positions[i, :len(a)] = len(c) - 1 + np.arange(len(a))
+  return ids, mask, positions, targets, target_mask.astype(np.float32)
 
 
 def main():
