@@ -236,7 +236,8 @@ def case_three(pretrained, hf32, hf16, text_ids, repeats):
   prompt_ids = [tokenizer(p)['input_ids'] for p in flat_prompts]
   output_ids = [tokenizer(o, add_special_tokens=False)['input_ids'] + [tokenizer.eos_token_id]
                 for o in flat_outputs]
-  hf_batches = [hf_inputs(prompt_ids[i:i + 16], output_ids[i:i + 16]) for i in range(0, len(prompt_ids), 16)]
+  # HF holds [rows, T, 262144] float32 logits and their log-softmax: 4 rows keep that near 3 GB
+  hf_batches = [hf_inputs(prompt_ids[i:i + 4], output_ids[i:i + 4]) for i in range(0, len(prompt_ids), 4)]
 
   def per_prompt():
     return np.concatenate(reader.output_loglik_per_prompt(prompts_text, outputs))
