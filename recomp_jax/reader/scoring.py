@@ -574,8 +574,10 @@ class CausalScorer(_Scorer):
     model could write after its own prompt): a compiled call takes ``G`` prefixes with ``R``
     candidate slots each (``G * R = batch_size``, ``R`` the smallest divisor of
     ``batch_size`` that holds the largest group; a larger group than ``batch_size`` is split
-    over several units of the same prefix). Prefixes are left-padded to a common bucket, so one cache length
-    serves every row; short groups and the last call are filled with repeats.
+    over several units of the same prefix). Prefixes are left-padded to a common bucket, so
+    one cache length serves every row; short groups and the last call are filled with
+    repeats. With a mesh, the ``G`` prefixes are split over the batch axes when they divide
+    evenly (else each device prefills all of them); the ``G * R`` rows always are.
     """
     self._check_lengths(suffix_ids, target_ids, 'suffixes')
     self._check_lengths(owners, target_ids, 'owners')
@@ -603,7 +605,9 @@ class CausalScorer(_Scorer):
       prefix_len = self._length(max(len(prefix_ids[g]) for g, _ in call))
       chunk_len = self._length(max(lengths[i] for i in rows))
       ids, mask = pad_rows([list(prefix_ids[g]) for g, _ in call], prefix_len, self.pad_id, left=True)
-      if self.mesh is not None:
+      if self.mesh is not None and per_call % sharding.batch_shards(self.mesh) == 0:
+        ids, mask = self._put((ids, mask))  # each device prefills its share of the prefixes
+      elif self.mesh is not None:
         replicated = sharding.replicated(self.mesh)
         ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
                      for x in (ids, mask))
