@@ -106,13 +106,16 @@ class Reader:
       return np.zeros((0,), np.float32)
     if self.is_seq2seq:
       return self.scorer.score(list(prompt_texts), list(outputs))  # the scorer appends EOS
+    prompt_ids = self.tokenizer(list(prompt_texts), add_special_tokens=True)['input_ids']
+    return self.scorer.score_ids([list(ids) for ids in prompt_ids],
+                                 self._whole_output_ids(outputs)).reduce('sum')
+
+  def _whole_output_ids(self, outputs: Sequence[str]) -> list[list[int]]:
+    """Each output's token ids followed by EOS (causal models: the output and its stop)."""
     eos = self.tokenizer.eos_token_id
     if eos is None:
       raise ValueError('the tokenizer has no eos_token_id: a whole output cannot be scored')
-    prompt_ids = self.tokenizer(list(prompt_texts), add_special_tokens=True)['input_ids']
-    output_ids = self.tokenizer(list(outputs), add_special_tokens=False)['input_ids']
-    return self.scorer.score_ids([list(ids) for ids in prompt_ids],
-                                 [list(ids) + [eos] for ids in output_ids]).reduce('sum')
+    return [list(ids) + [eos] for ids in self.tokenizer(list(outputs), add_special_tokens=False)['input_ids']]
 
   def output_loglik_per_prompt(self, prompt_texts: Sequence[str],
                                outputs: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -126,14 +129,10 @@ class Reader:
     if self.is_seq2seq or not flat:
       scores = self.output_loglik([p for p, group in zip(prompt_texts, outputs) for _ in group], flat)
     else:
-      eos = self.tokenizer.eos_token_id
-      if eos is None:
-        raise ValueError('the tokenizer has no eos_token_id: a whole output cannot be scored')
       prompt_ids = [list(ids) for ids in self.tokenizer(list(prompt_texts), add_special_tokens=True)['input_ids']]
-      output_ids = self.tokenizer(flat, add_special_tokens=False)['input_ids']
       owners = [g for g, group in enumerate(outputs) for _ in group]
       scores = self.scorer.score_ids_with_prefixes(prompt_ids, owners, [[] for _ in flat],
-                                                   [list(ids) + [eos] for ids in output_ids]).reduce('sum')
+                                                   self._whole_output_ids(flat)).reduce('sum')
     bounds = np.cumsum([0] + [len(group) for group in outputs])
     return [np.asarray(scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
