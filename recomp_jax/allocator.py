@@ -183,6 +183,31 @@ def resident_bytes(statm_path: str = '/proc/self/statm') -> int:
     return 0
 
 
+def peak_resident_bytes(status_path: str = '/proc/self/status') -> int:
+  """The largest resident set size (``VmHWM``) this process had since it started or since
+  :func:`reset_peak_resident`, in bytes (0 where ``/proc`` is missing)."""
+  try:
+    with open(status_path) as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) * 1024  # kB
+  except (OSError, ValueError, IndexError):
+    pass
+  return 0
+
+
+def reset_peak_resident(clear_refs_path: str = '/proc/self/clear_refs') -> bool:
+  """Restarts :func:`peak_resident_bytes` from the current resident set, so a stage or an
+  evaluation can report its own peak (Linux >= 4.0: ``5`` written to ``clear_refs``).
+  Returns False where the kernel does not allow it (the peak then stays the process's)."""
+  try:
+    with open(clear_refs_path, 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
 def release_free_memory() -> dict:
   """Returns the pages the allocator keeps for reuse to the operating system.
 

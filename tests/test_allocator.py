@@ -198,3 +198,28 @@ def test_decay_setting_reuses_xla_temporaries():
   decay_alone = run('dirty_decay_ms:1000,muzzy_decay_ms:1000')
   assert kept < 4 * one_buffer and decay < 4 * one_buffer, (kept, decay)  # not 20 calls x buffers
   assert decay_alone > 5 * decay and decay_alone > 20 * one_buffer // 2, (decay_alone, decay)
+
+
+_PEAK_PROBE = '''
+import numpy as np
+from recomp_jax import allocator
+block = np.ones(64 << 20, np.float32)  # 256 MiB, touched
+del block
+first = allocator.peak_resident_bytes()
+reset = allocator.reset_peak_resident()
+print(first, reset, allocator.peak_resident_bytes(), allocator.resident_bytes())
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc is Linux')
+def test_peak_resident_counts_a_freed_block_until_reset():
+  """The peak (VmHWM) holds a freed 256 MiB block; after the reset it is the current set again."""
+  env = {**_clean_env(), allocator.ENV_CHOICE: 'system', allocator.ENV_DONE: '1'}
+  out = subprocess.run([sys.executable, '-c', _PEAK_PROBE], env=env, capture_output=True, text=True,
+                       check=True).stdout.split()
+  first, reset, after, resident = int(out[0]), out[1] == 'True', int(out[2]), int(out[3])
+  assert first > resident + (200 << 20), (first, resident)
+  if not reset:
+    pytest.skip('this kernel does not let a process reset its peak (/proc/self/clear_refs)')
+  assert after < first - (200 << 20), (first, after)
+  assert abs(after - resident) < (64 << 20), (after, resident)

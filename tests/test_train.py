@@ -274,6 +274,10 @@ def test_corrupted_latest_checkpoint_falls_back(mesh, tmp_path):
   assert [s for s, _ in scalars['train/loss']] == [2, 4, 6, 8]
   assert [s for s, _ in scalars['eval/loss']] == [3, 6, 8]
   assert scalars['train/learning_rate'][0][1] == pytest.approx(np.mean([0.0, 0.5e-2]))
+  if sys.platform.startswith('linux'):  # host memory: the process's peak, logged and at evaluations
+    peaks = [v for _, v in scalars['perf/host_peak_resident_gb']]
+    assert len(peaks) == 4 + 3 and all(0.05 < v < 64 for v in peaks), peaks
+    assert all(0 <= v <= max(peaks) for _, v in scalars['perf/eval_raised_peak_gb'])
 
 
 def test_profile_steps_write_a_trace_for_tensorboard(mesh, tmp_path):

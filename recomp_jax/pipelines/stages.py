@@ -427,12 +427,14 @@ class StageRunner:
     else:
       logging.info('stage %s: process 0 runs it; waiting', name)
     start = time.time()
+    allocator.reset_peak_resident()
     summary = fn(directory) if (main or collective) else None
+    peak = allocator.peak_resident_bytes()
     sharding.sync_processes(f'stage {name}: computed')  # every process's work is in the files
     seconds = time.time() - start
     self.timings[name] = seconds
     if main:
-      record = {'fingerprint': fp, 'seconds': seconds, 'summary': summary,
+      record = {'fingerprint': fp, 'seconds': seconds, 'peak_resident_bytes': peak, 'summary': summary,
                 'manifest': directory_manifest(directory)}
       tmp = os.path.join(directory, 'DONE.json.tmp')
       with open(tmp, 'w') as f:
@@ -446,8 +448,8 @@ class StageRunner:
     if summary is None:
       summary = self.summary(name)
     memory = allocator.release_free_memory()
-    logging.info('stage %s: finished in %.1fs (%s: resident %.1f -> %.1f GB)', name, seconds,
-                 memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
+    logging.info('stage %s: finished in %.1fs (peak resident %.1f GB; %s: resident %.1f -> %.1f GB)', name,
+                 seconds, peak / 1e9, memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
     return summary
 
   def _prepare(self, name: str, directory: str, fp: str, inputs: Any, deps: Sequence[str],

@@ -574,6 +574,7 @@ class _Loop:
       scalars['perf/examples_per_s'] = self.examples / self.elapsed
       if self.tokens:
         scalars['perf/tokens_per_s'] = self.tokens / self.elapsed
+    scalars['perf/host_peak_resident_gb'] = allocator.peak_resident_bytes() / 1e9
     self.writer.write_scalars(step, scalars)
     self.last = dict(means)
     if self.pbar is not None:
@@ -693,11 +694,16 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
 
       def run_eval(step: int) -> dict[str, float]:
         began = time.perf_counter()
+        peak_before = allocator.peak_resident_bytes()
         values = {f'eval/{k}': float(v) for k, v in eval_fn(state.model(), step).items()}
+        # the process's peak after the evaluation: above peak_before when the evaluation set it
+        peak = allocator.peak_resident_bytes()
         # Evaluation (dev loss, generation for the probe) has other shapes than the step: hand
         # its freed pages back rather than keep both working sets (allocator.py says why).
         allocator.release_free_memory()
-        writer.write_scalars(step, {**values, 'perf/eval_seconds': time.perf_counter() - began})
+        writer.write_scalars(step, {**values, 'perf/eval_seconds': time.perf_counter() - began,
+                                    'perf/host_peak_resident_gb': peak / 1e9,
+                                    'perf/eval_raised_peak_gb': max(peak - peak_before, 0) / 1e9})
         logger.info('step %d: %s (%.1fs)', step, format_metrics(values), time.perf_counter() - began)
         return values
 
