@@ -32,7 +32,6 @@ reserves (``memory_analysis``: arguments, outputs, temporaries).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -159,8 +158,7 @@ def main():
   seconds, first, peaks = {}, {}, {}
   xla_memory = None
   for name, factory in factories.items():
-    gc.collect()
-    allocator.release_free_memory()
+    allocator.release_free_memory()  # collects garbage first
     allocator.reset_peak_resident()
     runner = factory()
     first[name] = runner.first_loss if name == 'ours' else float(runner.step())
