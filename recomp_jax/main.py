@@ -173,20 +173,22 @@ def _presets(path: str) -> str:
 
 
 def help_text() -> str:
-  from recomp_jax.pipelines.defaults import abstractive_config, filco_config  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.runner import SYSTEMS  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.defaults import abstractive_config, filco_config, lm_config  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.runner import SYSTEMS, TASKS  # pylint: disable=import-outside-toplevel
   lines = ['usage: python -m recomp_jax.main --config=configs/FILE.py[:preset] [--config.FIELD=VALUE ...]',
            '                                  [--workdir=DIR|gs://BUCKET/DIR] [--local_workdir=DIR]',
            '                                  [--verbosity=1]', '',
-           'systems (config.system): ' + ', '.join(sorted(SYSTEMS)), '', 'config files and presets:']
+           'systems (config.system): ' + ', '.join(sorted(SYSTEMS) + sorted(TASKS)), '',
+           'config files and presets:']
   for path in sorted(glob.glob(os.path.join('configs', '*.py'))):
     lines.append(f'  {path}: {_presets(path)}')
   lines += ['', 'config fields (defaults of recomp_jax/pipelines/defaults.py; presets change some;',
             'teacher.* and compressor.* are read by the abstractive system only,',
-            'filco.*, filter.* and generator.* by the filco system only):']
+            'filco.*, filter.* and generator.* by the filco system only, lm.* by the lm task only):']
   fields = dict(_flatten(abstractive_config()))
   fields.update((name, value) for name, value in _flatten(filco_config()) if name.split('.')[0] in
                 ('filco', 'filter', 'generator'))
+  fields.update((name, value) for name, value in _flatten(lm_config()) if name.startswith('lm.'))
   lines += [f'  --config.{name}={value!r}' for name, value in fields.items()]
   lines += ['', 'Results go to WORKDIR/results.json, results.md and predictions.jsonl.']
   return '\n'.join(lines)

@@ -15,6 +15,7 @@ PRESETS = {
     'hotpotqa_extractive.py': ('paper', 'shared'),
     'fever_filco.py': ('paper',),
     'wow_filco.py': ('paper',),
+    'wikitext_lm.py': ('paper', 'shared', 'ci'),
 }
 
 

@@ -160,6 +160,33 @@ def test_render_markdown_without_bootstrap_entries():
   assert 'Paired bootstrap' not in md and '95% CI' not in md
 
 
+def _lm_results(**overrides) -> dict:
+  rows = [{'key': 'none', 'name': 'no retrieval', 'ppl': 25.62, 'tokens': 0.0, 'n': 6, 'with_evidence_pct': 0.0},
+          {'key': 'top1', 'name': 'top-1 passage', 'ppl': 28.915, 'tokens': 115.0, 'n': 6,
+           'with_evidence_pct': 100.0}]
+  return _results(system='lm', dataset='wikitext', train_questions=0, seeds=[], n=6, rows=rows,
+                  bootstrap=[{'a': 'top1', 'b': 'none', 'metric': 'ppl', 'delta': 3.3, 'lo': 1.6, 'hi': 5.6}],
+                  **overrides)
+
+
+def test_language_modelling_results_carry_perplexity(tmp_path):
+  assert report.main_metric('wikitext') == 'ppl'
+  assert report.load_results(_write(tmp_path / 'lm.json', _lm_results())) == _lm_results()
+  md = report.render_markdown(_lm_results())
+  assert 'evaluated on 6 windows, main metric PPL' in md
+  assert '| evidence | windows | perplexity | evidence tokens | windows with evidence (%) | tokens / top-1 |' in md
+  assert '| top-1 passage | 6 | 28.91 | 115.0 | 100.0 | 1.000 |' in md
+  assert 'PPL is the main metric on `wikitext`, lower is better' in md
+  bad = _lm_results()
+  del bad['rows'][1]['ppl']
+  with pytest.raises(ValueError, match=r"field 'rows\[1\]\.ppl': missing"):
+    report.load_results(_write(tmp_path / 'bad.json', bad))
+  qa = _results()
+  del qa['rows'][0]['em']  # a question-answering file still needs EM / F1
+  with pytest.raises(ValueError, match=r"field 'rows\[0\]\.em': missing"):
+    report.load_results(_write(tmp_path / 'qa.json', qa))
+
+
 # ----------------------------------------------------------------------------- README blocks
 
 README_TEMPLATE = """# project

@@ -60,6 +60,8 @@ _TOP_LEVEL = {
     'train_questions': _INT, 'seeds': _LIST, 'n': _INT, 'rows': _LIST, 'bootstrap': _LIST,
 }
 _ROW = {'key': _STR, 'name': _STR, 'em': _NUMBER, 'f1': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
+# The language-modelling task (system 'lm'): pooled perplexity of its windows instead of EM / F1.
+_LM_ROW = {'key': _STR, 'name': _STR, 'ppl': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
 _BOOTSTRAP = {'a': _STR, 'b': _STR, 'metric': _STR, 'delta': _NUMBER, 'lo': _NUMBER,
               'hi': _NUMBER}
 _PER_SEED_METRICS = ('em', 'f1')  # a row may carry '{metric}_per_seed'
@@ -101,12 +103,12 @@ def _check_list_of(path: PathLike, value: Any, name: str, kind: str) -> None:
     raise _field_error(path, name, f'must be a list of {kind}, got {value!r}')
 
 
-def _check_rows(path: PathLike, rows: list) -> None:
+def _check_rows(path: PathLike, rows: list, spec: dict[str, str] = _ROW) -> None:
   seen: set[str] = set()
   for i, row in enumerate(rows):
     if not isinstance(row, dict):
       raise _field_error(path, f'rows[{i}]', f'must be an object, got {row!r}')
-    _check_fields(path, row, _ROW, prefix=f'rows[{i}].')
+    _check_fields(path, row, spec, prefix=f'rows[{i}].')
     if row['key'] in seen:
       raise _field_error(path, f'rows[{i}].key', f'duplicate row key {row["key"]!r}')
     seen.add(row['key'])
@@ -145,7 +147,7 @@ def validate_results(results: Any, path: PathLike = '<results>') -> dict:
     raise ValueError(f'{path}: the top level must be a JSON object')
   _check_fields(path, results, _TOP_LEVEL)
   _check_list_of(path, results['seeds'], 'seeds', _INT)
-  _check_rows(path, results['rows'])
+  _check_rows(path, results['rows'], _LM_ROW if results['system'] == 'lm' else _ROW)
   _check_bootstrap(path, results['bootstrap'])
   _check_optional(path, results)
   return results
@@ -170,8 +172,11 @@ def load_results(path: PathLike) -> dict:
 
 
 def main_metric(dataset: str) -> str:
-  """The dataset's main metric: ``'f1'`` for HotpotQA and Wizard of Wikipedia (unigram F1,
-  as KILT scores it), ``'em'`` otherwise (for FEVER: the accuracy of the label)."""
+  """The dataset's main metric: ``'ppl'`` (perplexity, lower is better) for WikiText, ``'f1'``
+  for HotpotQA and Wizard of Wikipedia (unigram F1, as KILT scores it), ``'em'`` otherwise
+  (for FEVER: the accuracy of the label)."""
+  if dataset.lower() == 'wikitext':
+    return 'ppl'
   return 'f1' if dataset.lower() in ('hotpotqa', 'wow') else 'em'
 
 
@@ -233,7 +238,8 @@ def describe_run(results: dict, source: str | None = None) -> str:
   seeds = _seeds_text(results['seeds'])
   if _has_seed_spread(results):
     seeds += ' (rows with per-seed results show mean ± sample std over seeds)'
-  parts += [seeds, f'evaluated on {results["n"]} questions',
+  unit = 'windows' if results['system'] == 'lm' else 'questions'
+  parts += [seeds, f'evaluated on {results["n"]} {unit}',
             f'main metric {main_metric(results["dataset"]).upper()}']
   commit = f'code `{results["git_commit"][:10]}`'
   parts.append(commit + (' (dirty)' if results['dirty'] else ''))
@@ -242,8 +248,26 @@ def describe_run(results: dict, source: str | None = None) -> str:
   return ', '.join(parts) + '.'
 
 
+def lm_rows_table(results: dict) -> list[str]:
+  """``| evidence | windows | perplexity | evidence tokens | windows with evidence (%) | tokens / top-1 |``."""
+  top1 = next((r for r in results['rows'] if r['key'] == 'top1'), None)
+  body = []
+  for row in results['rows']:
+    cells = [_cell(row['name']), str(row['n']), _fmt(row['ppl'], 2), _fmt(row['tokens']),
+             _fmt(row['with_evidence_pct']) if 'with_evidence_pct' in row else '-',
+             _ratio_cell(row, top1['tokens'] if top1 is not None else None)]
+    if row['key'] == 'trained':
+      cells = [f'**{c}**' for c in cells]
+    body.append(cells)
+  return _table(['evidence', 'windows', 'perplexity', 'evidence tokens', 'windows with evidence (%)',
+                 'tokens / top-1'], body)
+
+
 def rows_table(results: dict) -> list[str]:
-  """``| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |``, trained row in bold."""
+  """``| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |``, trained row in bold
+  (the language-modelling task: :func:`lm_rows_table`)."""
+  if results['system'] == 'lm':
+    return lm_rows_table(results)
   top5 = next((r for r in results['rows'] if r['key'] == 'top5'), None)
   top5_tokens = top5['tokens'] if top5 is not None else None
   body = []
@@ -268,8 +292,9 @@ def bootstrap_table(results: dict) -> list[str]:
     body.append([_cell(comparison), e['metric'].upper(), _signed(e['delta']),
                  f'[{_signed(e["lo"])}, {_signed(e["hi"])}]'])
   metric = main_metric(results['dataset']).upper()
+  lower = ', lower is better' if metric == 'PPL' else ''
   title = (f'Paired bootstrap of a − b, 95% interval ({metric} is the main metric on '
-           f'`{results["dataset"]}`):')
+           f'`{results["dataset"]}`{lower}):')
   return [title, ''] + _table(['comparison', 'metric', 'diff', '95% CI'], body)
 
 

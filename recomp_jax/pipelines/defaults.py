@@ -375,6 +375,66 @@ def filco_experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
   return c
 
 
+def lm_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` plus the language-modelling task's fields (``lm.*``), at the paper's setting."""
+  c = base_config()
+  c.system = 'lm'
+  c.dataset = 'wikitext'
+  c.lm = ml_collections.ConfigDict()
+  c.lm.wikitext_path = ''  # a raw WikiText file; '' = the hub (hf_name / hf_config / hf_split)
+  c.lm.hf_name = 'wikitext'
+  c.lm.hf_config = ''
+  c.lm.hf_split = 'test'
+  c.lm.stride = 32  # scored tokens per window = retrieval stride (Ram et al., 2023)
+  c.lm.query_tokens = 32  # the retrieval query: the last 32 prefix tokens
+  c.lm.max_prefix_tokens = 256  # the article text before a window that the reader sees
+  c.lm.max_context_tokens = 1024  # evidence + prefix (GPT-2's window in the paper)
+  c.lm.max_windows = 0  # 0 = every window of every article; else a seeded uniform sample
+  c.lm.max_articles = 0  # 0 = all
+  c.lm.corpus = 'file'  # 'ovos' (ovos summaries in 100-word passages), 'file' (retrieval.corpus_path), 'ovos+file'
+  c.lm.oracle_candidates = 20  # the oracle tries the first 20 candidate sentences (A.1's training cap); 0 = all
+  c.lm.rows = ('all',)
+  c.candidates.top_docs = 5  # RECOMP A.1: sentences of the top 5 BM25 passages
+  return c
+
+
+def lm_experiment(preset: str) -> ml_collections.ConfigDict:
+  """The presets of ``configs/wikitext_lm.py`` (RECOMP's language-modelling task, §4.1).
+
+  paper: WikiText-103 test from the hub, BM25 over the DPR Wikipedia passages the user gives
+    (``retrieval.corpus_path``: psgs_w100 as JSONL), retrieval every 32 tokens. The paper's
+    readers are GPT-2 / GPT-J, which the model zoo does not hold: the reader is ``reader.model``
+    (Gemma 3 270M by default).
+  shared: ``../shared/data``'s WikiText-2 test (the same articles as WikiText-103 test), 400
+    windows drawn from it, BM25 over the ovos Wikipedia summaries and the NQ passage corpus.
+  ci: 6 windows of 3 articles (tests).
+  """
+  c = lm_config()
+  c.preset = preset
+  c.workdir = f'workdirs/wikitext_lm_{preset}'
+  if preset == 'paper':
+    c.lm.hf_config = 'wikitext-103-raw-v1'
+    c.lm.max_prefix_tokens = 1024 - 32
+  elif preset in ('shared', 'ci'):
+    c.lm.wikitext_path = '../shared/data/wikitext/wikitext2_test.raw'
+    use_minilm(c)
+    if preset == 'shared':
+      c.lm.corpus = 'ovos+file'
+      c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
+      c.lm.max_windows = 400
+    else:
+      c.lm.corpus = 'ovos'
+      c.lm.max_articles = 3
+      c.lm.max_windows = 6
+      c.lm.max_prefix_tokens = 64
+      c.lm.max_context_tokens = 512
+      c.lm.oracle_candidates = 0
+      c.reader.score_batch_size = 8
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, ci')
+  return c
+
+
 def demo_data(c: ml_collections.ConfigDict, dataset: str, sizes: tuple[int, int, int]) -> None:
   """Offline questions made from the ovos Wikipedia summaries (``sizes``: train, dev, test) and MiniLM."""
   c.dataset = dataset

@@ -38,13 +38,15 @@ SYSTEMS = {
     'abstractive': 'recomp_jax.pipelines.abstractive:AbstractiveSystem',
     'filco': 'recomp_jax.pipelines.filco:FilcoSystem',
 }
+# config.system -> 'module:function' of a task that is not question answering (no System, no shared head).
+TASKS = {'lm': 'recomp_jax.pipelines.lm:run'}
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
 
 
 def get_system(name: str) -> System:
   """The :class:`System` that ``config.system`` names."""
   if name not in SYSTEMS:
-    raise shared.PipelineError(f'config.system={name!r} is not one of {sorted(SYSTEMS)}')
+    raise shared.PipelineError(f'config.system={name!r} is not one of {sorted(SYSTEMS) + sorted(TASKS)}')
   module_name, class_name = SYSTEMS[name].split(':')
   return getattr(importlib.import_module(module_name), class_name)()
 
@@ -77,6 +79,11 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
       ``~/.cache/recomp_jax/workdirs``); given with a local ``workdir``, that directory is
       treated as the remote one.
   """
+  if config.system in TASKS:  # not question answering: its own stages (pipelines/lm.py)
+    if storage.is_remote(workdir) or local_workdir:
+      raise shared.PipelineError(f'config.system={config.system!r} runs in a local workdir only')
+    module_name, function_name = TASKS[config.system].split(':')
+    return getattr(importlib.import_module(module_name), function_name)(config, workdir)
   system = get_system(config.system)
   system.validate(config)
   remote = None
@@ -185,4 +192,4 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   return results
 
 
-__all__ = ['EVAL_CODE', 'SYSTEMS', 'get_system', 'reader_inputs', 'run', 'stage_evaluate', 'write_results']
+__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'get_system', 'reader_inputs', 'run', 'stage_evaluate', 'write_results']

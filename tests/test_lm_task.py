@@ -1,0 +1,220 @@
+"""The RECOMP language-modelling task: WikiText articles, 32-token windows, pooled perplexity."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from recomp_jax.data.schema import DataError, FilterReport
+from recomp_jax.data.wikitext import Article, make_windows, read_articles, read_windows, write_windows
+from recomp_jax.evaluation import lm_metrics
+
+SHARED_WIKITEXT = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'wikitext',
+                               'wikitext2_test.raw')
+
+RAW = (' = Alpha Beta = \n'
+       ' Alpha Beta is a test article . It has two sentences . \n'
+       ' = = Early life = = \n'
+       ' Section text stays in the article . \n'
+       ' = Qualified for the next round \n'
+       ' = Gamma = \n'
+       ' Gamma is short . \n')
+
+
+def _write(tmp_path, text: str) -> str:
+  path = tmp_path / 'wiki.raw'
+  path.write_text(text, encoding='utf-8')
+  return str(path)
+
+
+def test_read_articles_splits_at_level_one_titles_only(tmp_path):
+  articles = read_articles(_write(tmp_path, RAW))
+  assert [(a.title, a.line) for a in articles] == [('Alpha Beta', 1), ('Gamma', 6)]
+  assert articles[0].text.splitlines() == [
+      'Alpha Beta is a test article . It has two sentences .', '= = Early life = =',
+      'Section text stays in the article .', '= Qualified for the next round']  # a table legend, no closing " ="
+  assert articles[1].text == 'Gamma is short .'
+
+
+@pytest.mark.parametrize('text, line, field', [
+    (' Text first . \n = A = \n b \n', 1, 'title'),
+    (' = A = \n = B = \n b \n', 1, 'text'),
+    (' = A = \n a \n = A = \n b \n', 3, 'title'),
+    (' no heading at all \n', 1, 'title'),
+])
+def test_read_articles_names_file_line_and_field(tmp_path, text, line, field):
+  path = _write(tmp_path, text)
+  with pytest.raises(DataError) as e:
+    read_articles(path)
+  assert (e.value.path, e.value.line, e.value.field) == (path, line, field)
+  assert str(e.value).startswith(f'{path}:{line}: field {field!r}')
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_WIKITEXT), reason='needs ../shared/data')
+def test_shared_wikitext2_test_has_its_62_articles():
+  articles = read_articles(SHARED_WIKITEXT)
+  assert len(articles) == 62
+  assert articles[0].title == 'Robert Boulter' and articles[1].title == 'Du Fu'
+  assert len({a.title for a in articles}) == 62
+
+
+def test_windows_tile_each_article_after_its_query(gemma3_tokenizer, tmp_path):
+  tok = gemma3_tokenizer
+  articles = [Article('A', 'The quick brown fox jumps over the lazy dog . ' * 6, 1),
+              Article('B', 'Too short .', 3),
+              Article('C', 'Rivers flow to the sea and the sea feeds the clouds . ' * 5, 5)]
+  report = FilterReport('windows')
+  windows = make_windows(articles, tok, stride=8, query_tokens=4, max_prefix_tokens=20, report=report)
+  assert report.to_dict()['dropped'] == {'article_too_short': 1}
+  for index, article in ((0, articles[0]), (2, articles[2])):
+    ids = tok(' ' + article.text, add_special_tokens=False)['input_ids']
+    mine = [w for w in windows if w.id.startswith(f'{index}:')]
+    assert [int(w.id.split(':')[1]) for w in mine] == list(range(4, len(ids), 8))
+    assert sum((w.target_ids for w in mine), []) == ids[4:]  # every token after the first query, once
+    for w in mine:
+      start = int(w.id.split(':')[1])
+      assert w.prefix_ids == ids[max(0, start - 20):start] and w.title == article.title
+      assert w.query == tok.decode(ids[start - 4:start]).strip()
+  sampled = make_windows(articles, tok, stride=8, query_tokens=4, max_prefix_tokens=20, max_windows=5,
+                         seed=3, report=(r := FilterReport('sampled')))
+  assert len(sampled) == 5 and r.to_dict()['dropped']['not_sampled'] == len(windows) - 5
+  assert [w.id for w in sampled] == [w.id for w in windows if w.id in {s.id for s in sampled}]  # article order
+  assert sampled == make_windows(articles, tok, stride=8, query_tokens=4, max_prefix_tokens=20,
+                                 max_windows=5, seed=3)
+  path = str(tmp_path / 'windows.jsonl')
+  write_windows(path, sampled)
+  assert read_windows(path) == sampled
+
+
+def test_context_ids_keep_the_prefix_and_cut_evidence_from_the_left(gemma3_tokenizer):
+  tok = gemma3_tokenizer
+  prefix = list(range(1000, 1012))
+  ids, n = lm_metrics.context_ids(tok, '', prefix, max_context_tokens=16)
+  assert n == 0 and ids == [tok.bos_token_id] + prefix
+  evidence = tok('Paris is the capital of France.', add_special_tokens=False)['input_ids']
+  sep = tok('\n\n', add_special_tokens=False)['input_ids']
+  ids, n = lm_metrics.context_ids(tok, 'Paris is the capital of France.', prefix, max_context_tokens=64)
+  assert n == len(evidence) and ids == [tok.bos_token_id] + evidence + sep + prefix
+  room = 1 + len(sep) + len(prefix) + 3
+  ids, n = lm_metrics.context_ids(tok, 'Paris is the capital of France.', prefix, max_context_tokens=room)
+  assert n == 3 and ids == [tok.bos_token_id] + evidence[-3:] + sep + prefix and len(ids) == room
+  ids, n = lm_metrics.context_ids(tok, 'Paris.', prefix, max_context_tokens=1 + len(prefix))
+  assert n == 0 and ids == [tok.bos_token_id] + prefix  # no room at all: nothing prepended
+  with pytest.raises(ValueError, match='does not fit'):
+    lm_metrics.context_ids(tok, '', prefix, max_context_tokens=len(prefix))
+
+
+def test_perplexity_pools_tokens_and_bootstrap_orders_rows():
+  assert lm_metrics.perplexity([-2.0, -4.0], [1, 3]) == pytest.approx(math.exp(6.0 / 4))
+  with pytest.raises(ValueError):
+    lm_metrics.perplexity([], [])
+  rng = np.random.default_rng(0)
+  tokens = np.full(200, 32)
+  worse = -rng.uniform(60, 100, 200)
+  better = worse + 8.0  # 0.25 nats per token better on every window
+  same = lm_metrics.paired_bootstrap_perplexity(worse, worse, tokens, n_resamples=500)
+  assert (same.delta, same.lo, same.hi) == (0.0, 0.0, 0.0)
+  b = lm_metrics.paired_bootstrap_perplexity(better, worse, tokens, n_resamples=500, seed=1)
+  assert b.delta == pytest.approx(lm_metrics.perplexity(better, tokens) - lm_metrics.perplexity(worse, tokens))
+  assert b.lo <= b.delta <= b.hi < 0 and b.p_value == 0.0 and b.n == 200
+  with pytest.raises(ValueError):
+    lm_metrics.paired_bootstrap_perplexity(better, worse[:5], tokens)
+
+
+def test_real_gemma3_window_scores_match_transformers(gemma3_ours, gemma3_torch, gemma3_tokenizer):
+  """Our sharded scorer's window log-likelihoods equal HF PyTorch's on real weights, and
+  evidence that contains the continuation makes it far more likely (the model copies)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  tok = gemma3_tokenizer
+  text = ('Du Fu was a prominent Chinese poet of the Tang dynasty . Along with Li Bai , he is '
+          'frequently called the greatest of the Chinese poets . His greatest ambition was to serve '
+          'his country as a successful civil servant , but he proved unable to make the necessary '
+          'accommodations .')
+  windows = make_windows([Article('Du Fu', text, 1)], tok, stride=12, query_tokens=8, max_prefix_tokens=24)
+  assert len(windows) >= 3
+  reader = Reader.from_model(gemma3_ours.model, tok, score_batch_size=4)
+  none = lm_metrics.score_windows(reader, windows, [''] * len(windows), max_context_tokens=64)
+  copied = lm_metrics.score_windows(reader, windows, [text] * len(windows), max_context_tokens=128)
+  for scores, evidence, limit in ((none, '', 64), (copied, text, 128)):
+    for w, ours, n in zip(windows, scores.loglik, scores.num_tokens):
+      context, _ = lm_metrics.context_ids(tok, evidence, w.prefix_ids, max_context_tokens=limit)
+      ids = torch.tensor([context + w.target_ids])
+      with torch.no_grad():
+        log_p = torch.log_softmax(gemma3_torch(ids).logits[0].double(), dim=-1).numpy()
+      reference = sum(log_p[len(context) - 1 + k, t] for k, t in enumerate(w.target_ids))
+      assert n == len(w.target_ids)
+      np.testing.assert_allclose(ours, reference, atol=2e-3 * n, rtol=0)
+  assert copied.evidence_tokens.min() > 50 and none.evidence_tokens.max() == 0
+  assert copied.perplexity < none.perplexity / 3
+
+
+def test_own_article_passages_are_removed_before_the_top_k():
+  from recomp_jax.data.schema import Passage  # pylint: disable=import-outside-toplevel
+  from recomp_jax.data.wikitext import LMWindow  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.lm import retrieve_excluding_own_article  # pylint: disable=import-outside-toplevel
+  ranked = [Passage('1', 'Ise-class battleship', 'a'), Passage('2', 'Fuso', 'b'),
+            Passage('3', 'Ise @-@ class battleship', 'c'), Passage('4', 'Yamato', 'd'),
+            Passage('5', 'Nagato', 'e')] + [Passage(str(i), f'Other {i}', 'x') for i in range(6, 40)]
+  calls = []
+
+  def search(query, depth):
+    calls.append(depth)
+    return ranked[:depth]
+
+  window = LMWindow('0:32', 'Ise @-@ class battleship', [1, 2], [3], 'query')
+  report = FilterReport('retrieve')
+  out = retrieve_excluding_own_article(search, [window], 2, report)
+  assert [p.id for p in out[0]] == ['2', '4'] and calls == [8]
+  assert report.to_dict()['dropped'] == {'own_article_passage': 2}
+  out = retrieve_excluding_own_article(search, [window], 3, FilterReport('r'))
+  assert [p.id for p in out[0]] == ['2', '4', '5']
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_WIKITEXT), reason='needs ../shared/data')
+def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
+  """configs/wikitext_lm.py:ci: windows -> BM25 (own article removed) -> every row's perplexity
+  -> a results file in the schema; a second run reuses every stage and gives the same file."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  from recomp_jax.data.wikitext import read_windows, title_key  # pylint: disable=import-outside-toplevel
+  from recomp_jax.evaluation import report  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location('wikitext_lm', os.path.join(repo, 'configs', 'wikitext_lm.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config('ci')
+  config.lm.wikitext_path = os.path.abspath(SHARED_WIKITEXT)
+  workdir = str(tmp_path / 'run')
+  results = runner.run(config, workdir)
+  assert report.load_results(os.path.join(workdir, 'results.json'))['system'] == 'lm'
+  rows = {r['key']: r for r in results['rows']}
+  assert list(rows) == ['none', 'top1', 'top5', 'bm25_sentence', 'offtheshelf_sentence', 'oracle_ll']
+  assert all(r['n'] == 6 and r['scored_tokens'] == 6 * 32 for r in rows.values())
+  assert rows['none']['tokens'] == 0
+  assert rows['top5']['tokens'] > rows['top1']['tokens'] > rows['bm25_sentence']['tokens'] > 0
+  assert all(1.0 < r['ppl'] < 1e4 for r in rows.values())
+  records = {}
+  with open(os.path.join(workdir, 'predictions.jsonl'), encoding='utf-8') as f:
+    for line in f:
+      p = json.loads(line)
+      records.setdefault(p['row'], {})[p['id']] = p
+  for window_id, oracle in records['oracle_ll'].items():  # every candidate competes in the oracle
+    for key in ('bm25_sentence', 'offtheshelf_sentence'):
+      assert oracle['loglik'] >= records[key][window_id]['loglik'] - 1e-3
+  assert rows['oracle_ll']['ppl'] <= min(rows['bm25_sentence']['ppl'], rows['offtheshelf_sentence']['ppl']) + 1e-6
+  windows = read_windows(os.path.join(workdir, 'stages', 'windows', 'windows.jsonl'))
+  retrieved = [json.loads(line) for line in open(os.path.join(workdir, 'stages', 'retrieve', 'retrieved.jsonl'))]
+  for w, r in zip(windows, retrieved):
+    assert len(r['ctxs']) == 5 and all(title_key(p['title']) != title_key(w.title) for p in r['ctxs'])
+  compared = {(b['a'], b['b']) for b in results['bootstrap']}
+  assert ('oracle_ll', 'none') in compared and ('top1', 'none') in compared and ('oracle_ll', 'top1') in compared
+  assert ('none', 'top1') not in compared and len(compared) == len(results['bootstrap']) == 5 + 4
+  text = report.render_markdown(results)
+  assert '| evidence | windows | perplexity |' in text and 'evaluated on 6 windows' in text
+  again = runner.run(config, workdir)
+  assert again['rows'] == results['rows'] and set(again['stage_seconds'].values()) == {0.0}
