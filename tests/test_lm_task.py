@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -218,3 +219,22 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   assert '| evidence | windows | perplexity |' in text and 'evaluated on 6 windows' in text
   again = runner.run(config, workdir)
   assert again['rows'] == results['rows'] and set(again['stage_seconds'].values()) == {0.0}
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('lm.corpus', 'bing', "lm.corpus must be 'ovos', 'file' or 'ovos+file'"),
+    ('lm.corpus', 'file', 'retrieval.corpus_path is empty'),
+    ('lm.wikitext_path', '/nonexistent/wiki.raw', '/nonexistent/wiki.raw: no such file (lm.wikitext_path)'),
+    ('lm.max_prefix_tokens', 600, 'must fit in lm.max_context_tokens (512)'),
+    ('lm.rows', ('none', 'gold'), "unknown row(s) ['gold']"),
+])
+def test_bad_lm_settings_fail_before_any_work(tmp_path, field, value, message):
+  from recomp_jax.pipelines import runner, shared  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.defaults import lm_experiment  # pylint: disable=import-outside-toplevel
+  config = lm_experiment('ci')
+  config.lm.wikitext_path = str(_write(tmp_path, RAW))
+  section, name = field.split('.')
+  config[section][name] = value
+  with pytest.raises(shared.PipelineError, match=re.escape(message)):
+    runner.run(config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run' / 'stages')

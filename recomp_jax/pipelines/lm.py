@@ -61,6 +61,27 @@ LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
 
 
+def validate(config) -> None:
+  """Checks the ``lm`` settings before any work (``PipelineError`` naming the field)."""
+  lm = config.lm
+  requested_rows(config)
+  parts = str(lm.corpus).split('+')
+  if not parts or any(p not in ('ovos', 'file') for p in parts):
+    raise shared.PipelineError(f"lm.corpus must be 'ovos', 'file' or 'ovos+file', got {lm.corpus!r}")
+  if 'file' in parts and not config.retrieval.corpus_path:
+    raise shared.PipelineError("lm.corpus names 'file' but retrieval.corpus_path is empty "
+                               '(the paper: the DPR Wikipedia passages as JSONL)')
+  for path, field in ((lm.wikitext_path, 'lm.wikitext_path'),
+                      (config.retrieval.corpus_path if 'file' in parts else '', 'retrieval.corpus_path')):
+    if path and not os.path.exists(path):
+      raise shared.PipelineError(f'{path}: no such file ({field})')
+  if not lm.wikitext_path and not lm.hf_config:
+    raise shared.PipelineError('set lm.wikitext_path (a raw WikiText file) or lm.hf_config (the hub)')
+  if lm.max_prefix_tokens + 1 > lm.max_context_tokens:
+    raise shared.PipelineError(f'lm.max_prefix_tokens ({lm.max_prefix_tokens}) + BOS must fit in '
+                               f'lm.max_context_tokens ({lm.max_context_tokens})')
+
+
 def requested_rows(config) -> list[str]:
   requested = tuple(config.lm.rows)
   unknown = [k for k in requested if k != 'all' and k not in ROW_NAMES]
@@ -75,12 +96,8 @@ def requested_rows(config) -> list[str]:
 def load_articles(config) -> list[wikitext.Article]:
   lm = config.lm
   if lm.wikitext_path:
-    if not os.path.exists(lm.wikitext_path):
-      raise shared.PipelineError(f'{lm.wikitext_path}: no such file (lm.wikitext_path)')
     return wikitext.read_articles(lm.wikitext_path)
-  if lm.hf_config:
-    return wikitext.read_hf_articles(lm.hf_name, lm.hf_config, lm.hf_split)
-  raise shared.PipelineError('set lm.wikitext_path (a raw WikiText file) or lm.hf_config (the hub)')
+  return wikitext.read_hf_articles(lm.hf_name, lm.hf_config, lm.hf_split)
 
 
 def stage_windows(config, tokenizer, directory: str) -> dict:
@@ -106,17 +123,12 @@ def load_corpus(config, report: FilterReport) -> list[Passage]:
   """``lm.corpus``: ``'ovos'`` (the ovos Wikipedia summaries in 100-word passages), a corpus
   file (``retrieval.corpus_path``), or both (``'ovos+file'``)."""
   parts = str(config.lm.corpus).split('+')
-  unknown = [p for p in parts if p not in ('ovos', 'file')]
-  if unknown or not parts:
-    raise shared.PipelineError(f"lm.corpus must be 'ovos', 'file' or 'ovos+file', got {config.lm.corpus!r}")
   corpus: list[Passage] = []
   if 'ovos' in parts:
     from recomp_jax.data import demo_qa  # pylint: disable=import-outside-toplevel
     corpus += build_corpus(((a.title, a.extract) for a in demo_qa.load_articles()), words_per_passage=100,
                            id_prefix='ovos', source='ovos_wiki_offline', report=report)
   if 'file' in parts:
-    if not config.retrieval.corpus_path:
-      raise shared.PipelineError("lm.corpus names 'file' but retrieval.corpus_path is empty")
     corpus += list(formats.read_corpus(config.retrieval.corpus_path, report=report))
   return corpus
 
@@ -261,7 +273,7 @@ def input_files(config) -> list[str]:
 
 def run(config, workdir: str) -> dict | None:
   """Runs (or resumes) the language-modelling pipeline into ``workdir``; returns the results."""
-  requested_rows(config)
+  validate(config)
   os.makedirs(workdir, exist_ok=True)
   force = tuple(s for s in str(config.force_stages).split(',') if s)
   runner = StageRunner(workdir, force=force)
@@ -344,5 +356,5 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
   return results
 
 
-__all__ = ['ROW_KEYS', 'ROW_NAMES', 'bootstrap', 'oracle_scores', 'retrieve_excluding_own_article', 'run',
+__all__ = ['ROW_KEYS', 'ROW_NAMES', 'bootstrap', 'validate', 'oracle_scores', 'retrieve_excluding_own_article', 'run',
            'stage_evaluate', 'stage_retrieve', 'stage_windows', 'write_results']
