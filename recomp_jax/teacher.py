@@ -4,7 +4,8 @@ RECOMP (§3.2, Table 14) prompts gpt-3.5-turbo for query-focused summaries of th
 documents; offline the endpoint is our own server (``python -m recomp_jax.serve``).
 This module sends those prompts and keeps what comes back:
 
-* :data:`TEACHER_PROMPTS` -- Table 14's prompt per task (``{query}``, ``{docs}``);
+* :data:`TEACHER_PROMPTS` -- Table 14's prompt per task (``{query}``, ``{docs}``), and
+  :data:`LM_TEACHER_PROMPTS`, its four language-modelling prompts;
 * :class:`ResponseCache` -- sqlite, keyed by model, template, rendered prompt and
   sampling settings: a killed run loses nothing and a rerun pays for nothing;
 * :class:`Teacher` -- bounded concurrency, retries with exponential backoff and jitter
@@ -48,6 +49,17 @@ TEACHER_PROMPTS = {
     'wikitext': ('Generate the next two sentences of the given query using the information from '
                  'the provided documents. \nSource Documents: {docs} \nQuery: {query} \n'),
 }
+
+# Table 14's four language-modelling prompts (Fig. 3 keeps the summary of whichever makes the
+# continuation most likely); the first is TEACHER_PROMPTS['wikitext']. The "\n" are the paper's.
+LM_TEACHER_PROMPTS = (
+    TEACHER_PROMPTS['wikitext'],
+    'Select sentences from the retrieved docs that are most likely be in the next sentence.\n'
+    'Source Documents: {docs} \nQuery: {query}\n',
+    'Generate the next one sentence of the given query using the information from the provided '
+    'documents\nSource Documents: {docs} \nQuery: {query} \n',
+    'Summarize the information from the provided documents\nSource Documents: {docs} \nQuery: {query}\n',
+)
 
 REFUSAL_PREFIXES = ("i'm sorry", 'i am sorry', "i can't", 'i cannot', 'as an ai')
 
@@ -316,5 +328,5 @@ def _usage(reply) -> tuple[int, int]:
   return int(getattr(usage, 'prompt_tokens', 0) or 0), int(getattr(usage, 'completion_tokens', 0) or 0)
 
 
-__all__ = ['Accounting', 'Completion', 'REFUSAL_PREFIXES', 'ResponseCache', 'Sampling',
+__all__ = ['Accounting', 'Completion', 'LM_TEACHER_PROMPTS', 'REFUSAL_PREFIXES', 'ResponseCache', 'Sampling',
            'TEACHER_PROMPTS', 'Teacher', 'render_prompt']

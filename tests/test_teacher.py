@@ -117,3 +117,15 @@ def test_missing_key_without_a_server_is_a_clear_error(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match='NO_SUCH_KEY_VAR'):
     teacher_lib.Teacher('gpt', api_key_env='NO_SUCH_KEY_VAR', cache_path=str(tmp_path / 'c.sqlite'))
   assert not os.path.exists(tmp_path / 'c.sqlite')
+
+
+def test_the_four_language_modelling_prompts_of_table_14():
+  lm = teacher_lib.LM_TEACHER_PROMPTS
+  assert len(lm) == 4 and lm[0] == teacher_lib.TEACHER_PROMPTS['wikitext']
+  rendered = [teacher_lib.render_prompt(t, 'the query text', 'D1 D2') for t in lm]
+  assert all('Source Documents: D1 D2 \nQuery: the query text' in r and '{' not in r for r in rendered)
+  assert [r.split('\n')[0] for r in rendered] == [
+      'Generate the next two sentences of the given query using the information from the provided documents. ',
+      'Select sentences from the retrieved docs that are most likely be in the next sentence.',
+      'Generate the next one sentence of the given query using the information from the provided documents',
+      'Summarize the information from the provided documents']
