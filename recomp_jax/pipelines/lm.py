@@ -329,6 +329,10 @@ def bootstrap(records: dict[str, dict], seed: int) -> list[dict]:
   return out
 
 
+def _cut_counts(rows: Sequence[dict]) -> str:
+  return ', '.join(f"{r['key']} {r['evidence_cut']}" for r in rows if r['evidence_cut']) or 'none'
+
+
 def write_results(config, runner: StageRunner, workdir: str, summaries: dict, files: Sequence[str]) -> dict | None:
   """``results.json`` (the schema's keys; rows carry ``ppl``), ``predictions.jsonl``, ``results.md``."""
   if not sharding.is_main_process():
@@ -338,7 +342,8 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
   records = {k: records[k] for k in ROW_KEYS if k in records}
   rows = [{'key': k, 'name': ROW_NAMES[k], 'ppl': float(r['ppl']), 'tokens': float(np.mean(r['evidence_tokens'])),
            'n': len(r['ids']), 'scored_tokens': int(np.sum(r['num_tokens'])),
-           'with_evidence_pct': 100.0 * float(np.mean([t > 0 for t in r['evidence_tokens']]))}
+           'with_evidence_pct': 100.0 * float(np.mean([t > 0 for t in r['evidence_tokens']])),
+           'evidence_cut': int(r['evidence_cut'])}
           for k, r in records.items()]
   retrieved = summaries['retrieve']
   results = {
@@ -350,7 +355,8 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
       'notes': [f"{summaries['windows']['windows']} windows of {config.lm.stride} scored tokens from "
                 f"{summaries['windows']['articles_with_windows']} articles "
                 f"({summaries['windows']['scored_tokens']} tokens); prefix up to {config.lm.max_prefix_tokens} "
-                f"tokens, context up to {config.lm.max_context_tokens}.",
+                f"tokens, context up to {config.lm.max_context_tokens}; evidence that does not fit loses its "
+                f"beginning (windows cut per row: {_cut_counts(rows)}).",
                 f"Retrieval: BM25 over {retrieved['corpus_passages']} passages ({config.lm.corpus}); "
                 f"{retrieved['filtered']['dropped'].get('own_article_passage', 0)} passage(s) of a window's own "
                 'article were removed before taking the top passages.'],
