@@ -487,6 +487,36 @@ def test_row_sampler_greedy_matches_generate_and_rows_ignore_batch_mates(gemma3)
   assert not np.array_equal(mixed[1], expected[1]) or not np.array_equal(mixed[2], expected[2])
 
 
+def test_inverse_cdf_sampling_draws_the_distribution_and_never_a_masked_token():
+  rng = np.random.default_rng(0)
+  vocab = 1500  # three blocks of 512, the last one part padding
+  logits = rng.normal(size=vocab) * 2.0
+  masked = [3, 511, 512, 700, 1499]
+  logits[masked] = -np.inf
+  probs = np.exp(logits - logits[np.isfinite(logits)].max())
+  probs /= probs.sum()
+  n = 60_000
+  keys = jax.random.split(jax.random.key(0), n)
+  tokens = np.asarray(generation.inverse_cdf_sample(jnp.tile(jnp.asarray(probs, jnp.float32), (n, 1)), keys))
+  assert tokens.dtype == np.int32 and not np.isin(tokens, masked).any()
+  counts = np.bincount(tokens, minlength=vocab)
+  expected = probs * n
+  big = expected >= 5  # Pearson's chi-square over the tokens drawn often enough, the rest pooled
+  observed = np.append(counts[big], counts[~big].sum())
+  wanted = np.append(expected[big], expected[~big].sum())
+  chi2, dof = float(((observed - wanted) ** 2 / wanted).sum()), len(observed) - 1
+  assert chi2 < dof + 5 * np.sqrt(2 * dof), (chi2, dof)
+  shifted = np.roll(counts, 1)  # an off-by-one sampler would fail the same test badly
+  assert float(((np.append(shifted[big], shifted[~big].sum()) - wanted) ** 2 / wanted).sum()) > 10 * dof
+  for hot in (0, 1023, 1498):  # all mass on one token, at a block edge or the end
+    one = np.zeros((4, vocab), np.float32)
+    one[:, hot] = 1.0
+    assert (np.asarray(generation.inverse_cdf_sample(jnp.asarray(one), keys[:4])) == hot).all()
+  batch = generation.inverse_cdf_sample(jnp.tile(jnp.asarray(probs, jnp.float32), (3, 1)), keys[:3])
+  alone = generation.inverse_cdf_sample(jnp.asarray(probs, jnp.float32)[None], keys[1:2])
+  assert int(batch[1]) == int(alone[0])  # one stream per row
+
+
 def test_nucleus_mask_keeps_the_smallest_set_reaching_top_p():
   rng = np.random.RandomState(0)
   logits = rng.normal(size=(4, 50)).astype(np.float32) * 3
