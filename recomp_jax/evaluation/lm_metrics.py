@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from recomp_jax.data.wikitext import LMWindow
+from recomp_jax.evaluation import qa_metrics
 
 EVIDENCE_SEPARATOR = '\n\n'
 
@@ -119,16 +120,13 @@ def paired_bootstrap_perplexity(a_loglik, b_loglik, num_tokens, *, n_resamples: 
   t = np.asarray(num_tokens, np.float64)
   if not a.shape == b.shape == t.shape or a.ndim != 1 or a.size == 0:
     raise ValueError(f'need three equal-length non-empty 1-D arrays, got {a.shape}, {b.shape}, {t.shape}')
-  rng = np.random.default_rng(seed)
-  deltas = np.empty(n_resamples, np.float64)
-  for start in range(0, n_resamples, chunk):
-    r = min(chunk, n_resamples - start)
-    idx = rng.integers(0, a.size, size=(r, a.size))  # [r, N]
+
+  def ppl_difference(idx: np.ndarray) -> np.ndarray:  # idx: [r, N] -> [r]
     tokens = np.maximum(t[idx].sum(axis=1), 1.0)
-    deltas[start:start + r] = np.exp(-a[idx].sum(axis=1) / tokens) - np.exp(-b[idx].sum(axis=1) / tokens)
-  alpha = 1.0 - confidence
-  lo, hi = np.quantile(deltas, [alpha / 2, 1 - alpha / 2])
-  p = min(1.0, 2.0 * min(np.mean(deltas <= 0), np.mean(deltas >= 0)))
+    return np.exp(-a[idx].sum(axis=1) / tokens) - np.exp(-b[idx].sum(axis=1) / tokens)
+
+  lo, hi, p = qa_metrics.bootstrap_statistic(a.size, ppl_difference, n_resamples=n_resamples,
+                                             confidence=confidence, seed=seed, chunk=chunk)
   return PerplexityBootstrap(perplexity(a, t) - perplexity(b, t), float(lo), float(hi), float(p), int(a.size))
 
 

@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import re
 import string
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -132,6 +132,39 @@ class BootstrapResult:
     return self.low <= value <= self.high
 
 
+def bootstrap_statistic(n: int, statistic: Callable[[np.ndarray], np.ndarray], *,
+                        n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0,
+                        chunk: int = 1_000) -> tuple[float, float, float]:
+  """Percentile interval of a statistic over ``n`` paired examples resampled with replacement.
+
+  Args:
+    n: number of paired examples ``N``.
+    statistic: maps a ``[r, N]`` block of example indices (one resample per row) to the ``[r]``
+      statistics of those resamples, e.g. ``lambda idx: d[idx].mean(axis=1)``.
+    n_resamples: bootstrap resamples ``R``.
+    confidence: CI mass.
+    seed: NumPy generator seed; the result is a pure function of the inputs and seed.
+    chunk: resamples drawn per ``[chunk, N]`` index block (bounds memory).
+
+  Returns:
+    ``(low, high, p_value)``: the interval bounds and the two-sided bootstrap p-value of
+    'the statistic is 0', ``2 * min(P*(s <= 0), P*(s >= 0))`` capped at 1.
+  """
+  if n <= 0:
+    raise ValueError(f'need at least one example, got {n}')
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f'confidence must be in (0, 1), got {confidence}')
+  rng = np.random.default_rng(seed)
+  samples = np.empty(n_resamples, dtype=np.float64)
+  for start in range(0, n_resamples, chunk):
+    r = min(chunk, n_resamples - start)
+    samples[start:start + r] = statistic(rng.integers(0, n, size=(r, n)))
+  alpha = 1.0 - confidence
+  low, high = np.quantile(samples, [alpha / 2, 1 - alpha / 2])
+  p = min(1.0, 2.0 * min(np.mean(samples <= 0), np.mean(samples >= 0)))
+  return float(low), float(high), float(p)
+
+
 def paired_bootstrap(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, *,
                      n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0,
                      chunk: int = 1_000) -> BootstrapResult:
@@ -139,28 +172,14 @@ def paired_bootstrap(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.nd
 
   Args:
     a, b: ``[N]`` per-example scores of two systems on the same examples (e.g. EM in {0, 1}).
-    n_resamples: bootstrap resamples ``R``.
-    confidence: CI mass.
-    seed: NumPy generator seed; the result is a pure function of the inputs and seed.
-    chunk: resamples drawn per ``[chunk, N]`` index block (bounds memory).
+    n_resamples, confidence, seed, chunk: as :func:`bootstrap_statistic`.
   """
   d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
   if d.ndim != 1 or d.size == 0:
     raise ValueError(f'a and b must be equal-length non-empty 1-D, got shape {d.shape}')
-  if not 0.0 < confidence < 1.0:
-    raise ValueError(f'confidence must be in (0, 1), got {confidence}')
-  n = d.size
-  rng = np.random.default_rng(seed)
-  means = np.empty(n_resamples, dtype=np.float64)
-  for start in range(0, n_resamples, chunk):
-    r = min(chunk, n_resamples - start)
-    idx = rng.integers(0, n, size=(r, n))  # [r, N]
-    means[start:start + r] = d[idx].mean(axis=1)
-  alpha = 1.0 - confidence
-  low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-  p = min(1.0, 2.0 * min(np.mean(means <= 0), np.mean(means >= 0)))
-  return BootstrapResult(float(d.mean()), float(low), float(high), confidence, float(p), n,
-                         n_resamples)
+  low, high, p = bootstrap_statistic(d.size, lambda idx: d[idx].mean(axis=1), n_resamples=n_resamples,
+                                     confidence=confidence, seed=seed, chunk=chunk)
+  return BootstrapResult(float(d.mean()), low, high, confidence, p, d.size, n_resamples)
 
 
 # ----------------------------------------------------------------------------- lengths

@@ -61,13 +61,19 @@ LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
 
 
+def corpus_parts(config) -> tuple[str, ...]:
+  """The sources ``lm.corpus`` names: ``'ovos'``, ``'file'`` or ``'ovos+file'``."""
+  parts = tuple(str(config.lm.corpus).split('+'))
+  if any(p not in ('ovos', 'file') for p in parts):
+    raise shared.PipelineError(f"lm.corpus must be 'ovos', 'file' or 'ovos+file', got {config.lm.corpus!r}")
+  return parts
+
+
 def validate(config) -> None:
   """Checks the ``lm`` settings before any work (``PipelineError`` naming the field)."""
   lm = config.lm
   requested_rows(config)
-  parts = str(lm.corpus).split('+')
-  if not parts or any(p not in ('ovos', 'file') for p in parts):
-    raise shared.PipelineError(f"lm.corpus must be 'ovos', 'file' or 'ovos+file', got {lm.corpus!r}")
+  parts = corpus_parts(config)
   if 'file' in parts and not config.retrieval.corpus_path:
     raise shared.PipelineError("lm.corpus names 'file' but retrieval.corpus_path is empty "
                                '(the paper: the DPR Wikipedia passages as JSONL)')
@@ -122,7 +128,7 @@ def stage_windows(config, tokenizer, directory: str) -> dict:
 def load_corpus(config, report: FilterReport) -> list[Passage]:
   """``lm.corpus``: ``'ovos'`` (the ovos Wikipedia summaries in 100-word passages), a corpus
   file (``retrieval.corpus_path``), or both (``'ovos+file'``)."""
-  parts = str(config.lm.corpus).split('+')
+  parts = corpus_parts(config)
   corpus: list[Passage] = []
   if 'ovos' in parts:
     from recomp_jax.data import demo_qa  # pylint: disable=import-outside-toplevel
@@ -266,7 +272,7 @@ def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, direc
 
 def input_files(config) -> list[str]:
   files = [config.lm.wikitext_path] if config.lm.wikitext_path else []
-  if 'file' in str(config.lm.corpus).split('+') and config.retrieval.corpus_path:
+  if 'file' in corpus_parts(config) and config.retrieval.corpus_path:
     files.append(config.retrieval.corpus_path)
   return files
 
@@ -274,7 +280,7 @@ def input_files(config) -> list[str]:
 def corpus_inputs(config, cfg: dict) -> dict:
   """What the retrieve stage's output depends on besides the windows: the corpus (the file's
   content hash, the ovos package's version) and the retrieval settings."""
-  parts = str(config.lm.corpus).split('+')
+  parts = corpus_parts(config)
   inputs = {'corpus': config.lm.corpus, 'retrieval': cfg['retrieval']}
   if 'file' in parts:
     inputs['files'] = provenance.data_hashes([config.retrieval.corpus_path])
