@@ -451,6 +451,38 @@ def test_generator_shares_a_common_prompt_prefix(gemma3):
   assert len(set(texts)) >= 2
 
 
+def test_first_token_decides_empty_by_the_total_stop_mass():
+  """``empty_threshold``: a row stops at once iff its stop tokens together reach the threshold;
+  otherwise its first token is the best (or a sampled) non-stop token. Plain greedy compares
+  each stop token with each word alone."""
+  stop = np.zeros(8, bool)
+  stop[[6, 7]] = True
+  probs = np.array([[.09, .09, .15, .09, .09, .09, .00, .40],   # stopping 40%: the likeliest token
+                    [.05, .35, .00, .00, .00, .00, .32, .28]])  # stopping 60% over two tokens
+  logits = jnp.log(jnp.asarray(probs, jnp.float32) + 1e-12)
+  key = jax.random.key(0)
+  first = lambda **kw: np.asarray(generation.first_token(logits, key, generation.SamplingConfig(**kw), stop))
+  assert first().tolist() == [7, 1]
+  assert first(empty_threshold=0.5).tolist() == [2, 6]
+  assert first(empty_threshold=0.3).tolist() == [7, 6]
+  assert first(empty_threshold=0.7).tolist() == [2, 1]
+  sampled = generation.SamplingConfig(temperature=1.0, empty_threshold=0.5)
+  draws = np.asarray(jax.vmap(lambda k: generation.first_token(logits, k, sampled, stop))(
+      jax.random.split(key, 300)))  # [300, 2]
+  assert not stop[draws[:, 0]].any() and len(set(draws[:, 0].tolist())) >= 4
+  assert (draws[:, 1] == 6).all()
+
+
+def test_generator_empty_threshold_keeps_greedy_texts_or_empties_them(gemma3):
+  tokenizer = _char_tokenizer()
+  prompts = ['Hello there', 'ab', 'The quick brown']
+  generator = generation.GemmaGenerator(load_pretrained(gemma3).model, tokenizer, batch_size=2)
+  plain = generator(prompts, max_new_tokens=12, stop_strings=['\n'])
+  assert all(plain)  # no row stops at once, so a high threshold changes nothing
+  assert generator(prompts, max_new_tokens=12, stop_strings=['\n'], empty_threshold=0.99) == plain
+  assert generator(prompts, max_new_tokens=12, stop_strings=['\n'], empty_threshold=1e-6) == ['', '', '']
+
+
 def test_common_prefix_length_leaves_a_token_per_row():
   assert generation.common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
   assert generation.common_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2

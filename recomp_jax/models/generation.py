@@ -38,10 +38,20 @@ class SamplingConfig:
   ``temperature == 0`` is greedy (argmax); otherwise logits are divided by the
   temperature and, if ``top_p < 1``, restricted to the smallest set of tokens
   whose probability mass reaches ``top_p`` (nucleus sampling).
+
+  ``empty_threshold > 0`` decides the first new token differently (beyond the papers; for
+  models trained to answer "nothing" with an immediate stop token, like RECOMP's selective
+  augmentation): a row stops at once iff the probability mass of *all* its stop tokens at
+  the first step is at least ``empty_threshold`` (its most likely stop token is written);
+  otherwise the first token is chosen as usual among the other tokens. Plain greedy
+  compares the stop token with each other token alone, so a model that puts 35% on "stop"
+  and spreads the rest over many first words outputs nothing every time; 0.5 instead
+  stops where stopping is more likely than not. 0 (the default) is plain decoding.
   """
   temperature: float = 0.0
   top_p: float = 1.0
   max_new_tokens: int = 32
+  empty_threshold: float = 0.0
 
 
 def sample_next(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig) -> jax.Array:
@@ -161,6 +171,20 @@ def stop_token_mask(tokenizer, vocab_size: int, stop_strings: Sequence[str] = ()
   return mask
 
 
+def first_token(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig, stop_mask: jax.Array) -> jax.Array:
+  """``[B, V]`` logits of the first new token -> ``[B]`` int32 tokens, with
+  ``sampling.empty_threshold`` deciding whether a row stops at once (:class:`SamplingConfig`)."""
+  if sampling.empty_threshold <= 0.0:
+    return sample_next(logits, rng, sampling)
+  logits = logits.astype(jnp.float32)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
+  stop_log_mass = jax.nn.logsumexp(jnp.where(stop_mask, log_probs, -jnp.inf), axis=-1)  # [B]
+  empty = stop_log_mass >= jnp.log(sampling.empty_threshold)
+  best_stop = jnp.argmax(jnp.where(stop_mask, logits, -jnp.inf), axis=-1).astype(jnp.int32)
+  other = sample_next(jnp.where(stop_mask, -jnp.inf, logits), rng, sampling)
+  return jnp.where(empty, best_stop, other)
+
+
 def decode_loop(step_fn: StepFn, cache: Any, first_logits: jax.Array, *, rng: jax.Array,
                 stop_mask: jax.Array, sampling: SamplingConfig, pad_id: int) -> tuple[jax.Array, jax.Array]:
   """Samples up to ``sampling.max_new_tokens`` tokens inside one ``lax.while_loop``.
@@ -182,7 +206,7 @@ def decode_loop(step_fn: StepFn, cache: Any, first_logits: jax.Array, *, rng: ja
   max_new = sampling.max_new_tokens
   tokens = jnp.full((batch, max_new), pad_id, jnp.int32)
   rng, sub = jax.random.split(rng)
-  first = sample_next(first_logits, sub, sampling)
+  first = first_token(first_logits, sub, sampling, stop_mask)
   tokens = tokens.at[:, 0].set(first)
   done = stop_mask[first]
   lengths = jnp.ones((batch,), jnp.int32)
@@ -306,9 +330,11 @@ class TextGenerator:
 
   def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
                stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
-               top_p: float = 1.0, seed: int = 0) -> list[str]:
-    """Generates one text per prompt, each cut at its first stop string."""
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+               top_p: float = 1.0, seed: int = 0, empty_threshold: float = 0.0) -> list[str]:
+    """Generates one text per prompt, each cut at its first stop string (``empty_threshold``:
+    :class:`SamplingConfig`)."""
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                              empty_threshold=empty_threshold)
     generate_batch = functools.partial(self.generate_batch, sampling=sampling,
                                        stop_mask=self.stop_mask(stop_strings))
     return generate_texts(generate_batch, self.tokenizer, prompts, batch_size=self.batch_size,
@@ -355,16 +381,17 @@ class GemmaGenerator(TextGenerator):
 
   def __call__(self, prompts: Sequence[str], *, max_new_tokens: int = 32,
                stop_strings: Sequence[str] = ('\n',), temperature: float = 0.0,
-               top_p: float = 1.0, seed: int = 0) -> list[str]:
+               top_p: float = 1.0, seed: int = 0, empty_threshold: float = 0.0) -> list[str]:
     kwargs = dict(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
-                  temperature=temperature, top_p=top_p, seed=seed)
+                  temperature=temperature, top_p=top_p, seed=seed, empty_threshold=empty_threshold)
     if self.min_shared_prefix <= 0 or len(prompts) < 2:
       return super().__call__(prompts, **kwargs)
     rows = self.tokenizer(list(prompts))['input_ids']
     shared = common_prefix_length(rows)
     average = sum(map(len, rows)) / len(rows)
     if shared < self.min_shared_prefix or shared < self.min_shared_fraction * average:
-      sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+      sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                empty_threshold=empty_threshold)
       generate_batch = functools.partial(self.generate_batch, sampling=sampling,
                                          stop_mask=self.stop_mask(stop_strings))
       return generate_in_batches(generate_batch, self._left_padded, self.tokenizer, rows,
@@ -376,14 +403,16 @@ class GemmaGenerator(TextGenerator):
 
   def generate_with_prefix(self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]],
                            *, max_new_tokens: int = 32, stop_strings: Sequence[str] = ('\n',),
-                           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[str]:
+                           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                           empty_threshold: float = 0.0) -> list[str]:
     """Texts generated after ``prefix_ids + continuation`` for each continuation (token ids)."""
     from recomp_jax.models import gemma_decoding  # pylint: disable=import-outside-toplevel
     if not continuations:
       return []
     if min(map(len, continuations)) < 1:
       raise ValueError('every continuation needs at least one token after the shared prefix')
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                              empty_threshold=empty_threshold)
     stop_mask = self.stop_mask(stop_strings)
 
     def generate_batch(ids, mask, rng):

@@ -310,7 +310,8 @@ def training_probe(config, ctx: Context, tokenizer):
 
   def compressor_probe(model):
     compressor = Compressor(model, tokenizer, max_source_length=c.max_source_length,
-                            max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size)
+                            max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size,
+                            empty_threshold=c.empty_threshold)
     return qa(compressor.compress([e.question for e in examples], [e.ctxs[:k] for e in examples]))
   return compressor_probe
 
@@ -319,10 +320,15 @@ class Compressor:
   """A trained abstractive compressor at inference: question + documents -> summary ('' = nothing).
 
   Greedy decoding up to ``max_new_tokens``; generation ends at EOS (an immediate EOS is the
-  empty summary of selective augmentation).
+  empty summary of selective augmentation). ``empty_threshold`` 0 is the paper's plain greedy
+  decoding; above 0 the summary is empty iff the model's probability of stopping at once is at
+  least that (:class:`recomp_jax.models.generation.SamplingConfig`): a small compressor trained
+  with a third of its targets empty otherwise writes nothing for every question, because no
+  single first word is as likely as stopping.
   """
 
-  def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8):
+  def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8,
+               empty_threshold: float = 0.0):
     from recomp_jax.models import generation  # pylint: disable=import-outside-toplevel
     from recomp_jax.training.finetune import is_seq2seq  # pylint: disable=import-outside-toplevel
     cls = generation.T5Generator if is_seq2seq(model) else generation.GemmaGenerator
@@ -330,6 +336,7 @@ class Compressor:
     self.generator = cls(model, tokenizer, batch_size=batch_size)
     self.max_source_length = max_source_length
     self.max_new_tokens = max_new_tokens
+    self.empty_threshold = empty_threshold
 
   @classmethod
   def load(cls, directory: str, **kwargs) -> 'Compressor':
@@ -340,7 +347,8 @@ class Compressor:
   def compress(self, questions: Sequence[str], passages: Sequence[Sequence]) -> list[str]:
     prompts = [fit_documents(self.tokenizer, q, p, self.max_source_length)[0]
                for q, p in zip(questions, passages)]
-    texts = self.generator(prompts, max_new_tokens=self.max_new_tokens, stop_strings=())
+    texts = self.generator(prompts, max_new_tokens=self.max_new_tokens, stop_strings=(),
+                           empty_threshold=self.empty_threshold)
     return [t.strip() for t in texts]
 
 
@@ -371,6 +379,9 @@ class AbstractiveSystem(System):
       raise shared.PipelineError(f"teacher.api must be 'chat' or 'completions', got {config.teacher.api!r}")
     if config.teacher.samples < 1:
       raise shared.PipelineError('teacher.samples must be at least 1')
+    if not 0.0 <= config.compressor.empty_threshold < 1.0:
+      raise shared.PipelineError('compressor.empty_threshold must be in [0, 1) (0 = plain greedy), '
+                                 f'got {config.compressor.empty_threshold!r}')
     if config.critic.both_wrong not in abstractive.BOTH_WRONG:
       raise shared.PipelineError(f'critic.both_wrong must be one of {abstractive.BOTH_WRONG}, '
                                  f'got {config.critic.both_wrong!r}')
@@ -423,6 +434,8 @@ class AbstractiveSystem(System):
     c = ctx.config.compressor
     inputs = {'compressor_generation': {'max_new_tokens': c.max_new_tokens,
                                         'max_source_length': c.max_source_length}}
+    if c.empty_threshold:  # plain greedy keeps the fingerprint of earlier runs
+      inputs['compressor_generation']['empty_threshold'] = c.empty_threshold
     if ctx.config.eval.extractive_encoder:
       inputs['extractive_encoder'] = shared.model_fingerprint(ctx.config.eval.extractive_encoder, 'encoder')
       inputs['encoder'] = ctx.config.to_dict()['encoder']
@@ -443,7 +456,8 @@ class AbstractiveSystem(System):
       for seed, d in sorted(getattr(self, 'train_dirs', {}).items()):
         def evidence(d=d, seed=seed):
           compressor = Compressor.load(os.path.join(d, 'compressor_best'), max_source_length=c.max_source_length,
-                                       max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size)
+                                       max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size,
+                                       empty_threshold=c.empty_threshold)
           return [compress_split(compressor, examples, k,
                                  os.path.join(directory, f'compressed_seed{seed}.jsonl'))[e.id] for e in examples]
         plan.append(Row(f'trained@{seed}', 'trained', evidence))

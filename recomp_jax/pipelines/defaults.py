@@ -184,6 +184,9 @@ def abstractive_config() -> ml_collections.ConfigDict:
   c.compressor.max_target_length = 128
   c.compressor.max_new_tokens = 128
   c.compressor.generate_batch_size = 8
+  # 0 = the paper's greedy decoding; beyond the paper, e.g. 0.5: the summary is empty iff the
+  # compressor's probability of stopping at once is at least this (models/generation.py).
+  c.compressor.empty_threshold = 0.0
   c.compressor.microbatch = 2  # rows per gradient microbatch (a batch is accumulated over them)
   c.compressor.pack = False  # True: several pairs per row (decoder-only; see training/finetune.py)
   c.compressor.remat = True  # recompute layer activations in the backward pass (memory)

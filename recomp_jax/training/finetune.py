@@ -186,13 +186,17 @@ TRAIN_FIELDS = ('epochs', 'num_steps', 'batch_size', 'learning_rate', 'warmup_st
                 'weight_decay', 'clip_grad_norm', 'eval_every')
 
 
+# Section fields that only decoding reads (the training probe's too, which never selects).
+GENERATION_ONLY = ('max_new_tokens', 'generate_batch_size', 'empty_threshold')
+
+
 def finetune_inputs(config, section_name: str) -> tuple[dict, dict]:
   """What a fine-tuning stage's result depends on, for its fingerprint: ``(train fields,
   section fields with the weights' fingerprint)``; generation-only fields are left out."""
   from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
   cfg = config.to_dict()
   section = cfg[section_name]
-  model = {**{k: v for k, v in section.items() if k not in ('max_new_tokens', 'generate_batch_size')},
+  model = {**{k: v for k, v in section.items() if k not in GENERATION_ONLY},
            'weights': shared.model_fingerprint(section['model'], 'reader')}
   return {k: cfg['train'][k] for k in TRAIN_FIELDS}, model
 
