@@ -128,14 +128,18 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
     assert p['evidence'] == cands[int(np.argmax(scores))]
 
 
+def _tiny_compressor(kind: str):
+  """``(char tokenizer, untrained model)`` of a tiny T5 or Gemma compressor."""
+  if kind == 't5':
+    return char_tokenizer(128, seq2seq=True), _tiny_t5()[1]
+  from tests.test_recipes import _gemma
+  return char_tokenizer(128), _gemma()
+
+
 @pytest.mark.parametrize('kind', ['t5', 'gemma'])
 def test_empty_targets_train_the_compressor_to_say_nothing(tmp_path, kind):
   """Selective augmentation: trained on empty targets only, the compressor ends at once."""
-  from tests.test_recipes import _gemma
-  if kind == 't5':
-    tokenizer, (_, model) = char_tokenizer(128, seq2seq=True), _tiny_t5()
-  else:
-    tokenizer, model = char_tokenizer(128), _gemma()
+  tokenizer, model = _tiny_compressor(kind)
   config = _config(tmp_path, **{'train.num_steps': 30, 'train.batch_size': 4, 'train.learning_rate': 1e-2,
                                 'train.warmup_steps': 1, 'train.eval_every': 10, 'train.checkpoint_every': 0,
                                 'compressor.max_source_length': 96, 'compressor.max_target_length': 16})
@@ -155,11 +159,7 @@ def test_empty_threshold_lets_a_compressor_trained_on_some_empty_targets_write(t
   stops at once on every question (stopping, ~1/3, beats each letter, ~1/9), the paper's
   failure for a weak compressor; ``empty_threshold=0.5`` writes a word, and a threshold
   below the stop mass empties it again."""
-  from tests.test_recipes import _gemma
-  if kind == 't5':
-    tokenizer, (_, model) = char_tokenizer(128, seq2seq=True), _tiny_t5()
-  else:
-    tokenizer, model = char_tokenizer(128), _gemma()
+  tokenizer, model = _tiny_compressor(kind)
   config = _config(tmp_path, **{'train.num_steps': 40, 'train.batch_size': 9, 'train.learning_rate': 1e-2,
                                 'train.warmup_steps': 1, 'train.eval_every': 40, 'train.checkpoint_every': 0,
                                 'compressor.max_source_length': 96, 'compressor.max_target_length': 16,
