@@ -103,6 +103,8 @@ def test_seq2seq_matches_reference(eps, reduction):
   np.testing.assert_allclose(float(loss), _seq2seq_ref(logits, targets, mask, eps, reduction),
                              rtol=1e-5)
   assert float(metrics['num_tokens']) == 10.0
+  # What the loss averages over, for the loop to weight microbatches and evaluation batches by.
+  assert float(metrics[losses.LOSS_WEIGHT]) == (10.0 if reduction == 'token_mean' else 3.0)
   # Padding positions must not matter.
   logits2 = logits.copy()
   logits2[1, 4:] = 100.0

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models  # noqa: E402
 
 from recomp_jax import sharding  # noqa: E402
+from recomp_jax.training import losses as losses_lib  # noqa: E402
 from recomp_jax.training import loop as train_lib  # noqa: E402
 from recomp_jax.training import optim  # noqa: E402
 from recomp_jax.training.checkpointer import Checkpointer  # noqa: E402
@@ -172,6 +173,63 @@ def test_gradient_accumulation_matches_full_batch(mesh):
   with pytest.raises(ValueError, match='not divisible'):
     train_lib.loss_and_grads(tiny_models.lm_loss, graphdef, params, rest, batch, jax.random.key(0),
                              grad_accum_steps=3)
+
+
+def _uneven_batch() -> dict[str, np.ndarray]:
+  """4 rows; with 2 microbatches (rows 0, 2 and rows 1, 3) one holds 2 target tokens, the other 16."""
+  batch = tiny_models.token_data(4, padded=False)
+  batch['mask'][[0, 2], 2:] = 0  # one target token each: like an empty summary (EOS only)
+  return batch
+
+
+def _without_weight(loss_fn):
+  def unweighted(model, batch, rng):
+    loss, aux = loss_fn(model, batch, rng)
+    return loss, {k: v for k, v in aux.items() if k != losses_lib.LOSS_WEIGHT}
+  return unweighted
+
+
+def test_gradient_accumulation_weights_microbatches_by_their_tokens(mesh):
+  """Token-mean microbatches of 2 and 16 target tokens accumulate to the whole batch's token mean."""
+  model = tiny_models.make_model(0, tiny_models.TinyConfig(dropout_rate=0.0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  batch = _uneven_batch()
+  halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
+
+  def run(loss_fn, batch, accum):
+    return _host(jax.jit(lambda p, b: train_lib.loss_and_grads(
+        loss_fn, graphdef, p, rest, b, jax.random.key(0), grad_accum_steps=accum))(params, batch))
+
+  loss, aux, _, grads = run(tiny_models.lm_loss, batch, 1)
+  loss2, aux2, _, grads2 = run(tiny_models.lm_loss, batch, 2)
+  assert float(loss2) == pytest.approx(float(loss), abs=1e-6)
+  assert _max_diff(grads2, grads) <= 1e-6
+  assert float(aux2['accuracy']) == pytest.approx(float(aux['accuracy']), abs=1e-6)
+  assert aux2[losses_lib.LOSS_WEIGHT] == aux2['num_tokens'] == 2 + 16
+  # Equal weights (a loss that does not say what it averages) give the mean of the two token
+  # means instead, which here is far from the whole batch's.
+  per_half = [float(run(tiny_models.lm_loss, half, 1)[0]) for half in halves]
+  equal, _, _, equal_grads = run(_without_weight(tiny_models.lm_loss), batch, 2)
+  assert float(equal) == pytest.approx(np.mean(per_half), abs=1e-6)
+  assert abs(float(equal) - float(loss)) > 0.01
+  assert _max_diff(equal_grads, grads) > 1e-3
+
+
+def test_loss_evaluator_weights_batches_by_their_tokens(mesh):
+  model = tiny_models.make_model(0, tiny_models.TinyConfig(dropout_rate=0.0))
+  batch = _uneven_batch()
+  halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
+  whole = train_lib.make_loss_evaluator(tiny_models.lm_loss, lambda: iter([batch]), mesh)(model, 0)
+  split = train_lib.make_loss_evaluator(tiny_models.lm_loss, lambda: iter(halves), mesh)(model, 0)
+  assert split['loss'] == pytest.approx(whole['loss'], abs=1e-6)
+  assert split['accuracy'] == pytest.approx(whole['accuracy'], abs=1e-6)
+  assert split['num_tokens'] == whole['num_tokens'] == 18
+  each = [train_lib.make_loss_evaluator(tiny_models.lm_loss, lambda h=h: iter([h]), mesh)(model, 0)['loss']
+          for h in halves]
+  unweighted = train_lib.make_loss_evaluator(_without_weight(tiny_models.lm_loss), lambda: iter(halves), mesh)
+  assert unweighted(model, 0)['loss'] == pytest.approx(np.mean(each), abs=1e-6)
+  assert abs(np.mean(each) - whole['loss']) > 0.01
 
 
 def test_bf16_compute_keeps_fp32_master_weights(mesh):

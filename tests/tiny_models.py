@@ -16,6 +16,7 @@ from flax import nnx
 
 from recomp_jax.models import layers
 from recomp_jax.sharding import with_logical_constraint
+from recomp_jax.training.losses import LOSS_WEIGHT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ def lm_loss(model: TinyLM, batch: dict, rng: jax.Array | None):
   count = jnp.maximum(weights.sum(), 1.0)
   loss = (nll * weights).sum() / count
   accuracy = ((jnp.argmax(logits, -1) == targets) * weights).sum() / count
-  return loss, {'accuracy': accuracy, 'num_tokens': weights.sum()}
+  return loss, {'accuracy': accuracy, 'num_tokens': weights.sum(), LOSS_WEIGHT: weights.sum()}
 
 
 def token_data(num_examples: int = 64, length: int = 9, vocab_size: int = 32, seed: int = 0,

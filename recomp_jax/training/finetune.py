@@ -69,9 +69,10 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
 
   A batch of ``config.train.batch_size`` runs as microbatches of ``section.microbatch``
-  rows whose gradients are averaged (a Gemma 3 270M step holds ~1 GB of activations and
-  logits per row on CPU; the update is that of the whole batch, the loss the mean of the
-  microbatches' token means). With ``section.pack`` (decoder-only models) pairs share rows
+  rows whose gradients are averaged weighted by their target tokens (a Gemma 3 270M step
+  holds ~1 GB of activations and logits per row on CPU): loss and update are the token mean
+  of the whole batch, so a microbatch of two empty targets (EOS only) counts for two tokens,
+  not for half the batch. With ``section.pack`` (decoder-only models) pairs share rows
   (:func:`recipes.causal_lm_arrays`); a step then takes the number of rows that holds
   ``batch_size`` pairs on average, so steps and pairs per update stay those of the unpacked
   run while the padding compute goes. The best checkpoint is the one with the lowest dev loss

@@ -8,7 +8,14 @@ a pure function of its arguments (the model is rebuilt from the train state
 inside the step). ``rng`` is a fresh key per step (and per microbatch); it is
 ``None`` in evaluation, meaning "deterministic, no dropout". ``aux`` holds
 scalar metrics; an ``aux['num_tokens']`` (summed over microbatches, like every
-``num_*`` key; the others are averaged) gives the loop its tokens/s.
+``num_*`` key) gives the loop its tokens/s. A loss that is a mean over items
+(target tokens, sequences) says how many in ``aux[LOSS_WEIGHT]``
+(:data:`recomp_jax.training.losses.LOSS_WEIGHT`): microbatches and evaluation
+batches are then combined weighted by it, so that a token-mean loss accumulated
+over microbatches is the token mean of the whole batch, gradient included (with
+equal weights, a microbatch of two one-token targets would count as much as one
+of two 48-token targets). The other aux metrics are averaged with the same
+weights; without the key every microbatch and batch weighs the same.
 
 Pieces, usable on their own:
 
@@ -51,6 +58,7 @@ from recomp_jax import allocator, storage
 from recomp_jax import sharding as sharding_lib
 from recomp_jax.data.iterators import ArrayIterator, EpochBatchPosition, epoch_order  # noqa: F401 (re-exported)
 from recomp_jax.training.checkpointer import Checkpointer
+from recomp_jax.training.losses import LOSS_WEIGHT
 from recomp_jax.training.optim import OptimizerConfig, applied_updates, learning_rate_schedule, make_optimizer
 from recomp_jax.training.summaries import MeanAccumulator, MetricWriter, format_metrics
 
@@ -274,9 +282,40 @@ def _microbatches(batch: Any, num: int, batch_axes: Any) -> Any:
   return jax.tree.map(one, batch)
 
 
-def _combine_aux(name: str, values: jax.Array) -> jax.Array:
-  """Microbatch aux metrics: ``num_*`` counts are summed, everything else averaged."""
-  return values.sum(0) if name.startswith('num_') else values.mean(0)
+def _is_count(name: str) -> bool:
+  """Aux metrics that are summed over microbatches and batches (the rest are weighted means)."""
+  return name.startswith('num_') or name == LOSS_WEIGHT
+
+
+_TOTAL_WEIGHT = '_total_weight'  # the summed weights, private to _weighted_totals / _totals_to_means
+
+
+def _weight_of(aux: Mapping[str, jax.Array]) -> jax.Array:
+  """The weight of one (micro)batch's loss and mean metrics: ``aux[LOSS_WEIGHT]``, else 1."""
+  return jnp.asarray(aux.get(LOSS_WEIGHT, 1.0), jnp.float32)
+
+
+def _weighted_totals(loss: jax.Array, aux: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """``{'loss', **aux}`` of one (micro)batch, means multiplied by its weight, counts as they are.
+
+  Sums of these over (micro)batches give, through :func:`_totals_to_means`, the loss and the
+  metrics of the union of the (micro)batches.
+  """
+  weight = _weight_of(aux)
+  out = {_TOTAL_WEIGHT: weight, 'loss': jnp.asarray(loss, jnp.float32) * weight}
+  for name, value in aux.items():
+    value = jnp.asarray(value, jnp.float32)
+    out[name] = value if _is_count(name) else value * weight
+  return out
+
+
+def _totals_to_means(totals: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """Summed :func:`_weighted_totals` -> ``{'loss', **aux}`` as weighted means (a total weight of
+  0, a batch without targets, gives 0 rather than NaN)."""
+  weight = totals[_TOTAL_WEIGHT]
+  safe = jnp.where(weight > 0, weight, 1.0)
+  return {name: value if _is_count(name) else value / safe
+          for name, value in totals.items() if name != _TOTAL_WEIGHT}
 
 
 def loss_and_grads(loss_fn: LossFn, graphdef: nnx.GraphDef, params: Any, model_state: Any,
@@ -285,8 +324,10 @@ def loss_and_grads(loss_fn: LossFn, graphdef: nnx.GraphDef, params: Any, model_s
   """Loss, aux metrics, updated model state and float32 gradients for one (accumulated) batch.
 
   With ``grad_accum_steps = k > 1`` the batch is split into ``k`` microbatches
-  scanned sequentially (activations of one microbatch live at a time);
-  losses and gradients are averaged with equal weights.
+  scanned sequentially (activations of one microbatch live at a time); losses,
+  gradients and mean metrics are averaged weighted by each microbatch's
+  ``aux[LOSS_WEIGHT]`` (equal weights without it), so that a token-mean loss and
+  its gradient equal those of the whole batch.
 
   Returns:
     ``(loss [], aux {name: []}, model_state, grads like params)``.
@@ -309,15 +350,18 @@ def loss_and_grads(loss_fn: LossFn, graphdef: nnx.GraphDef, params: Any, model_s
     grads_sum, state = carry
     micro_batch, index = xs
     (loss, (aux, state)), grads = grad_fn(params, state, micro_batch, jax.random.fold_in(rng, index))
-    grads_sum = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_sum, grads)
-    return (grads_sum, state), (loss, aux)
+    weight = _weight_of(aux)
+    grads_sum = jax.tree.map(lambda a, g: a + weight * g.astype(a.dtype), grads_sum, grads)
+    return (grads_sum, state), _weighted_totals(loss, aux)
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
-  (grads_sum, model_state), (losses, auxes) = jax.lax.scan(
+  (grads_sum, model_state), totals = jax.lax.scan(
       body, (zeros, model_state), (micro, jnp.arange(grad_accum_steps)))
-  grads = jax.tree.map(lambda g, p: (g / grad_accum_steps).astype(p.dtype), grads_sum, params)
-  aux = {name: _combine_aux(name, values) for name, values in auxes.items()}
-  return losses.mean(), aux, model_state, grads
+  totals = jax.tree.map(lambda v: v.sum(0), totals)
+  weight = jnp.where(totals[_TOTAL_WEIGHT] > 0, totals[_TOTAL_WEIGHT], 1.0)
+  grads = jax.tree.map(lambda g, p: (g / weight).astype(p.dtype), grads_sum, params)
+  aux = _totals_to_means(totals)
+  return aux.pop('loss'), aux, model_state, grads
 
 
 def make_train_step(loss_fn: LossFn, state_shardings: TrainState, batch_sharding: NamedSharding, *,
@@ -393,9 +437,10 @@ def make_loss_evaluator(loss_fn: LossFn, batches: Callable[[], Iterator[Any]], m
   """An ``eval_fn(model, step)`` averaging ``loss_fn`` (with ``rng=None``) over ``batches()``.
 
   ``batches`` returns a fresh iterable of per-process numpy batches each
-  time. Every batch is weighted equally (so use equal-sized batches, e.g.
-  ``ArrayIterator(..., num_epochs=1)`` with ``drop_remainder=True``); ``num_*``
-  aux counts are summed over batches.
+  time. Batches are weighted by their ``aux[LOSS_WEIGHT]`` (a token-mean loss is
+  then the token mean of the whole set); a loss without it weighs every batch
+  equally (so use equal-sized batches, e.g. ``ArrayIterator(..., num_epochs=1)``
+  with ``drop_remainder=True``). ``num_*`` aux counts are summed over batches.
   """
   cache: dict[Any, Callable] = {}
 
@@ -408,21 +453,18 @@ def make_loss_evaluator(loss_fn: LossFn, batches: Callable[[], Iterator[Any]], m
       in_shardings = (sharding_lib.shardings_of(params), sharding_lib.shardings_of(rest),
                       sharding_lib.batch_sharding(mesh))
 
-      def metrics_of(p, r, batch):
+      def weighted_metrics_of(p, r, batch):
         loss, aux = loss_fn(nnx.merge(graphdef, p, r), batch, None)
-        return {'loss': loss.astype(jnp.float32),
-                **{k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}}
+        return _weighted_totals(loss, aux)
 
-      cache[key] = jax.jit(metrics_of, in_shardings=in_shardings)
-    totals, count = None, 0
+      cache[key] = jax.jit(weighted_metrics_of, in_shardings=in_shardings)
+    totals = None
     for batch in batches():  # accumulated on device: no host sync per batch
       values = cache[key](params, rest, sharding_lib.shard_batch(batch, mesh))
       totals = values if totals is None else jax.tree.map(jnp.add, totals, values)
-      count += 1
-    if not count:
+    if totals is None:
       raise ValueError('the evaluation iterator yielded no batches')
-    return {k: float(v) if k.startswith('num_') else float(v) / count
-            for k, v in jax.device_get(totals).items()}
+    return {k: float(v) for k, v in jax.device_get(_totals_to_means(totals)).items()}
 
   return evaluate
 

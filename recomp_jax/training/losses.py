@@ -20,6 +20,11 @@ import jax.numpy as jnp
 
 _NEG_INF = -1e30
 
+# The aux key of a loss that is a mean over items (target tokens, sequences): how many items
+# the loss averages. The training loop weights microbatches and evaluation batches by it, so
+# an accumulated or batched loss (and its gradient) is that of the whole batch.
+LOSS_WEIGHT = 'loss_weight'
+
 
 def _at_least_f32(x: jax.Array) -> jax.Array:
   """Upcasts bf16/fp16 to float32; float64 (tests under ``jax.enable_x64``) stays."""
@@ -41,12 +46,17 @@ def token_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return picked - log_z
 
 
-def _reduce(per_token: jax.Array, mask: jax.Array, reduction: str) -> jax.Array:
-  """``[B, T]`` weighted token losses -> scalar by ``'token_mean'`` or ``'sequence_sum'``."""
+def _reduce(per_token: jax.Array, mask: jax.Array, reduction: str) -> tuple[jax.Array, jax.Array]:
+  """``[B, T]`` weighted token losses -> (scalar loss, its :data:`LOSS_WEIGHT`).
+
+  ``'token_mean'`` divides by the number of target tokens, ``'sequence_sum'`` by the batch size;
+  the weight is that divisor (0 for a batch without target tokens, whose loss is 0).
+  """
   if reduction == 'token_mean':
-    return jnp.sum(per_token) / jnp.maximum(jnp.sum(mask), 1.0)
+    count = jnp.sum(mask)
+    return jnp.sum(per_token) / jnp.maximum(count, 1.0), count
   if reduction == 'sequence_sum':
-    return jnp.sum(per_token) / per_token.shape[0]
+    return jnp.sum(per_token) / per_token.shape[0], jnp.asarray(per_token.shape[0], jnp.float32)
   raise ValueError(f"reduction must be 'token_mean' or 'sequence_sum', got {reduction!r}")
 
 
@@ -160,7 +170,7 @@ def seq2seq_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array, *,
     label_smoothing: ``eps`` above.
     reduction: ``'token_mean'`` or ``'sequence_sum'``.
   Returns:
-    (loss, ``{'nll_token_mean', 'nll_sequence_sum', 'accuracy', 'num_tokens'}``).
+    (loss, ``{'nll_token_mean', 'nll_sequence_sum', 'accuracy', 'num_tokens', LOSS_WEIGHT}``).
   """
   mask = mask.astype(jnp.float32)
   logits = _at_least_f32(logits)
@@ -169,7 +179,7 @@ def seq2seq_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array, *,
   per_token = nll
   if label_smoothing:
     per_token = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(log_p, axis=-1)
-  loss = _reduce(per_token * mask, mask, reduction)
+  loss, weight = _reduce(per_token * mask, mask, reduction)
   num_tokens = jnp.sum(mask)
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32) * mask
   metrics = {
@@ -177,6 +187,7 @@ def seq2seq_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array, *,
       'nll_sequence_sum': jnp.sum(nll * mask) / nll.shape[0],
       'accuracy': jnp.sum(correct) / jnp.maximum(num_tokens, 1.0),
       'num_tokens': num_tokens,
+      LOSS_WEIGHT: weight,
   }
   return loss, metrics
 
@@ -206,7 +217,7 @@ def knowledge_injection_loss(logits: jax.Array, tokens: jax.Array, segment_ids: 
     knowledge_weight, summary_weight: weights of the two target parts.
     reduction: ``'token_mean'`` (over target tokens) or ``'sequence_sum'``.
   Returns:
-    (loss, ``{'nll_knowledge', 'nll_summary', 'num_tokens'}``) with
+    (loss, ``{'nll_knowledge', 'nll_summary', 'num_tokens', LOSS_WEIGHT}``) with
     per-token mean NLL of each part.
   """
   log_p = token_log_probs(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
@@ -215,11 +226,12 @@ def knowledge_injection_loss(logits: jax.Array, tokens: jax.Array, segment_ids: 
   is_summary = (seg == SUMMARY_SEGMENT).astype(jnp.float32)
   weights = knowledge_weight * is_knowledge + summary_weight * is_summary
   mask = is_knowledge + is_summary
-  loss = _reduce(-log_p * weights, mask, reduction)
+  loss, weight = _reduce(-log_p * weights, mask, reduction)
   metrics = {
       'nll_knowledge': -jnp.sum(log_p * is_knowledge) / jnp.maximum(jnp.sum(is_knowledge), 1.0),
       'nll_summary': -jnp.sum(log_p * is_summary) / jnp.maximum(jnp.sum(is_summary), 1.0),
       'num_tokens': jnp.sum(mask),
+      LOSS_WEIGHT: weight,
   }
   return loss, metrics
 
