@@ -80,6 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.reader.score_batch_size = 32
   c.reader.generate_batch_size = 8
   c.reader.max_new_tokens = 12
+  # Greedy answers cached across stages and reruns: '' = {workdir}/reader_predictions.sqlite,
+  # a path (runs of one reader may share it), or 'off' (recomp_jax/reader/prediction_cache.py).
+  c.reader.prediction_cache = ''
 
   c.label = ml_collections.ConfigDict()
   c.label.signal = 'loglik'  # 'loglik' (Fig. 2) | 'em' (Fig. 6)

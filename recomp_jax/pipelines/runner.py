@@ -61,10 +61,14 @@ def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
   """Reader EM / F1 / tokens of every row on the test split (rows are cached as they finish)."""
   examples = ctx.examples('test')
   rows = system.rows(ctx, examples, directory)
-  records = rows_lib.evaluate_rows(ctx.resources.reader, examples, rows,
-                                   os.path.join(directory, 'rows.jsonl'))
-  return {'rows': {r: {f: rec[f] for f in ('n', 'em', 'f1', 'tokens', 'seconds')} for r, rec in records.items()},
-          'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
+  reader = ctx.resources.reader
+  records = rows_lib.evaluate_rows(reader, examples, rows, os.path.join(directory, 'rows.jsonl'))
+  summary = {'rows': {r: {f: rec[f] for f in ('n', 'em', 'f1', 'tokens', 'seconds')} for r, rec in records.items()},
+             'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
+  cache = reader.prediction_cache
+  if cache is not None:  # answers read from the cache in this process (all stages), and decoded
+    summary['prediction_cache'] = {'path': cache.path, 'hits': cache.hits, 'misses': cache.misses}
+  return summary
 
 
 def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | None:
@@ -96,7 +100,7 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
   os.makedirs(workdir, exist_ok=True)
   force = tuple(s for s in str(config.force_stages).split(',') if s)
   runner = StageRunner(workdir, force=force, remote=remote)
-  ctx = Context(config, runner, shared.Resources(config))
+  ctx = Context(config, runner, shared.Resources(config, workdir))
   data_files = shared.input_files(config)
   ctx.summaries.update(shared.run_head(config, runner, ctx.resources, data_files))
   deps = system.stages(ctx)

@@ -61,12 +61,31 @@ def requested_rows(config, row_keys) -> list[str]:
 
 
 class Resources:
-  """The models a run shares across stages: the reader and each encoder, loaded once on first use."""
+  """The models a run shares across stages: the reader and each encoder, loaded once on first use.
 
-  def __init__(self, config):
+  Args:
+    config: the experiment.
+    workdir: the run's local directory; the reader's answers are cached in
+      ``{workdir}/reader_predictions.sqlite`` unless ``config.reader.prediction_cache`` names
+      another file (runs may share one) or is ``'off'``. Without a workdir, or on more than
+      one process (every process must decode the same prompts), nothing is cached.
+  """
+
+  def __init__(self, config, workdir: str | None = None):
     self.config = config
+    self.workdir = workdir
     self._reader = None
     self._encoders = {}
+
+  def prediction_cache_path(self) -> str | None:
+    """Where the reader's answers are cached (:mod:`recomp_jax.reader.prediction_cache`), or None."""
+    import jax  # pylint: disable=import-outside-toplevel
+    setting = str(self.config.reader.get('prediction_cache', ''))
+    if setting == 'off' or jax.process_count() > 1:
+      return None
+    if setting:
+      return os.path.expanduser(setting)
+    return os.path.join(self.workdir, 'reader_predictions.sqlite') if self.workdir else None
 
   @property
   def reader(self) -> Reader:
@@ -74,6 +93,9 @@ class Resources:
       r = self.config.reader
       self._reader = Reader(r.model, score_batch_size=r.score_batch_size,
                             generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens)
+      path = self.prediction_cache_path()
+      if path:
+        self._reader.use_prediction_cache(path, model_fingerprint(r.model, 'reader'))
     return self._reader
 
   def encoder(self, source: str | None = None):

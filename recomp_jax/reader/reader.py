@@ -25,6 +25,9 @@ from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
 
+CACHE_CHUNK = 128  # prompts decoded between two writes to the prediction cache
+
+
 class Reader:
   """A reader LM (causal Gemma or encoder-decoder T5) with its tokenizer.
 
@@ -67,6 +70,7 @@ class Reader:
     self.stop_strings = tuple(stop_strings)
     self._scorer = None
     self._generator = None
+    self.prediction_cache = None  # a PredictionCache (use_prediction_cache)
 
   @property
   def is_seq2seq(self) -> bool:
@@ -137,12 +141,42 @@ class Reader:
     return [np.asarray(scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
   def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
-    """Greedy answers, cut at the first stop string and stripped (one per prompt)."""
+    """Greedy answers, cut at the first stop string and stripped (one per prompt).
+
+    With a prediction cache (:meth:`use_prediction_cache`) cached prompts are not
+    decoded again, each distinct missing prompt is decoded once, and new answers are stored
+    every :data:`CACHE_CHUNK` prompts.
+    """
     if not prompt_texts:
       return []
-    texts = self.generator(list(prompt_texts), max_new_tokens=max_new_tokens or self.max_new_tokens,
-                           stop_strings=self.stop_strings)
+    limit = max_new_tokens or self.max_new_tokens
+    cache = self.prediction_cache
+    if cache is None:
+      return self._generate_answers(list(prompt_texts), limit)
+    answers = cache.lookup(prompt_texts, limit)
+    missing = list(dict.fromkeys(p for p, a in zip(prompt_texts, answers) if a is None))
+    generated: dict[str, str] = {}
+    for begin in range(0, len(missing), CACHE_CHUNK):
+      chunk = missing[begin:begin + CACHE_CHUNK]
+      chunk_answers = self._generate_answers(chunk, limit)
+      cache.store(chunk, chunk_answers, limit)
+      generated.update(zip(chunk, chunk_answers))
+    return [a if a is not None else generated[p] for p, a in zip(prompt_texts, answers)]
+
+  def _generate_answers(self, prompt_texts: list[str], max_new_tokens: int) -> list[str]:
+    texts = self.generator(prompt_texts, max_new_tokens=max_new_tokens, stop_strings=self.stop_strings)
     return [prompts.postprocess_answer(t) for t in texts]
+
+  def use_prediction_cache(self, path: str, weights: dict) -> None:
+    """Keeps greedy answers in the sqlite file ``path`` (:mod:`recomp_jax.reader.prediction_cache`).
+
+    Args:
+      path: the cache file; runs of the same reader may share one.
+      weights: :func:`recomp_jax.pipelines.stages.file_fingerprint` of this reader's weights.
+    """
+    from recomp_jax.reader import prediction_cache  # pylint: disable=import-outside-toplevel
+    self.prediction_cache = prediction_cache.PredictionCache(
+        path, prediction_cache.reader_key(weights, stop_strings=list(self.stop_strings)))
 
   def exact_match(self, prompt_texts: Sequence[str], answers: Sequence[Sequence[str]], *,
                   max_new_tokens: int | None = None) -> dict:
