@@ -333,12 +333,16 @@ class TextGenerator:
                top_p: float = 1.0, seed: int = 0, empty_threshold: float = 0.0) -> list[str]:
     """Generates one text per prompt, each cut at its first stop string (``empty_threshold``:
     :class:`SamplingConfig`)."""
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                              empty_threshold=empty_threshold)
-    generate_batch = functools.partial(self.generate_batch, sampling=sampling,
-                                       stop_mask=self.stop_mask(stop_strings))
+    generate_batch = self._bound_generate_batch(stop_strings, temperature=temperature, top_p=top_p,
+                                                max_new_tokens=max_new_tokens, empty_threshold=empty_threshold)
     return generate_texts(generate_batch, self.tokenizer, prompts, batch_size=self.batch_size,
                           stop_strings=stop_strings, seed=seed, padding_side=self.padding_side)
+
+  def _bound_generate_batch(self, stop_strings: Sequence[str], **sampling):
+    """:meth:`generate_batch` as ``(ids, mask, rng) -> (tokens, lengths)`` with this call's
+    :class:`SamplingConfig` fields and stop strings bound."""
+    return functools.partial(self.generate_batch, sampling=SamplingConfig(**sampling),
+                             stop_mask=self.stop_mask(stop_strings))
 
 
 class GemmaGenerator(TextGenerator):
@@ -390,10 +394,8 @@ class GemmaGenerator(TextGenerator):
     shared = common_prefix_length(rows)
     average = sum(map(len, rows)) / len(rows)
     if shared < self.min_shared_prefix or shared < self.min_shared_fraction * average:
-      sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                empty_threshold=empty_threshold)
-      generate_batch = functools.partial(self.generate_batch, sampling=sampling,
-                                         stop_mask=self.stop_mask(stop_strings))
+      generate_batch = self._bound_generate_batch(stop_strings, temperature=temperature, top_p=top_p,
+                                                  max_new_tokens=max_new_tokens, empty_threshold=empty_threshold)
       return generate_in_batches(generate_batch, self._left_padded, self.tokenizer, rows,
                                  batch_size=self.batch_size, stop_strings=stop_strings, seed=seed)
     return self.generate_with_prefix(rows[0][:shared], [r[shared:] for r in rows], **kwargs)

@@ -309,12 +309,16 @@ def _weighted_totals(loss: jax.Array, aux: Mapping[str, jax.Array]) -> dict[str,
   return out
 
 
+def _divisor(total_weight: jax.Array) -> jax.Array:
+  """A total weight to divide weighted sums by: 1 where it is 0 (a batch without targets),
+  so its means are 0 rather than NaN."""
+  return jnp.where(total_weight > 0, total_weight, 1.0)
+
+
 def _totals_to_means(totals: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-  """Summed :func:`_weighted_totals` -> ``{'loss', **aux}`` as weighted means (a total weight of
-  0, a batch without targets, gives 0 rather than NaN)."""
-  weight = totals[_TOTAL_WEIGHT]
-  safe = jnp.where(weight > 0, weight, 1.0)
-  return {name: value if _is_count(name) else value / safe
+  """Summed :func:`_weighted_totals` -> ``{'loss', **aux}`` as weighted means."""
+  divisor = _divisor(totals[_TOTAL_WEIGHT])
+  return {name: value if _is_count(name) else value / divisor
           for name, value in totals.items() if name != _TOTAL_WEIGHT}
 
 
@@ -358,8 +362,8 @@ def loss_and_grads(loss_fn: LossFn, graphdef: nnx.GraphDef, params: Any, model_s
   (grads_sum, model_state), totals = jax.lax.scan(
       body, (zeros, model_state), (micro, jnp.arange(grad_accum_steps)))
   totals = jax.tree.map(lambda v: v.sum(0), totals)
-  weight = jnp.where(totals[_TOTAL_WEIGHT] > 0, totals[_TOTAL_WEIGHT], 1.0)
-  grads = jax.tree.map(lambda g, p: (g / weight).astype(p.dtype), grads_sum, params)
+  divisor = _divisor(totals[_TOTAL_WEIGHT])
+  grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads_sum, params)
   aux = _totals_to_means(totals)
   return aux.pop('loss'), aux, model_state, grads
 
