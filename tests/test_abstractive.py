@@ -136,3 +136,20 @@ def test_critic_lm_picks_the_prompt_whose_summary_the_reader_continues_best(gemm
 
 def test_compressor_prompt_is_the_papers_and_keeps_literal_braces():
   assert abstractive.compressor_prompt('who {x}?', 'Doc {docs}') == 'Question: who {x}?\n Document: Doc {docs}\n Summary:'
+
+
+def test_reader_best_sentences_pick_the_candidate_the_reader_scores_highest():
+  """Beyond the paper (``critic.targets='reader_sentence'``): per question the candidate with the
+  highest log-likelihood of the first gold answer; None for a question without candidates."""
+  reader = LastWordReader()
+  questions = ['capital of france', 'capital of italy', 'nothing retrieved']
+  candidates = [['Lyon is large.', 'Paris is the capital of France.', 'Paris.'],
+                ['Milan is rich.', 'Turin.'],
+                []]
+  answers = [['Paris', 'paris'], ['Rome'], ['x']]
+  best = abstractive.reader_best_sentences(reader, questions, candidates, answers)
+  # The stand-in scores -len(suffix) + 100 when the answer is in it: the shorter answer-bearing one.
+  assert [b['sentence'] for b in best] == ['Paris.', 'Turin.', None]
+  assert [b['candidates'] for b in best] == [3, 2, 0]
+  assert best[0]['loglik'] > best[0]['none_loglik'] and best[1]['loglik'] < best[1]['none_loglik']
+  assert best[2]['loglik'] is None and reader.calls == [('ll', 3 + 2 + 0 + 3)]

@@ -17,6 +17,7 @@ from recomp_jax.evaluation import report  # noqa: E402
 from recomp_jax.models import t5  # noqa: E402
 from recomp_jax.pipelines import abstractive as pipeline  # noqa: E402
 from recomp_jax.pipelines import runner as pipeline_runner  # noqa: E402
+from recomp_jax.pipelines import shared  # noqa: E402
 from recomp_jax.pretrained import Pretrained, export_pretrained  # noqa: E402
 from recomp_jax.training.summaries import read_scalars  # noqa: E402
 from tests.tiny_models import char_tokenizer  # noqa: E402
@@ -132,6 +133,38 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
     cands = candidates[p['id']]
     scores = reference.encode([questions[p['id']]]) @ reference.encode(cands).T
     assert p['evidence'] == cands[int(np.argmax(scores))]
+
+  # Beyond the paper: the reader's best candidate sentence as the critic's candidate target
+  # (critic.targets='reader_sentence'); the teacher then summarises the test questions only.
+  sentence_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 1,
+                                        'critic.targets': 'reader_sentence'})
+  sentence_results = pipeline_runner.run(sentence_config, sentence_config.workdir)
+  stages_dir = workdir / 'stages'
+  assert os.path.exists(stages_dir / 'teacher' / 'test.jsonl')
+  assert not any(os.path.exists(stages_dir / 'teacher' / f'{split}.jsonl') for split in ('train', 'dev'))
+  assert sentence_results['stages']['teacher']['uncached_at_start'] == 0  # test prompts: the first run's cache
+  train_candidates = shared.load_candidates(str(stages_dir / 'candidates'), 'train')
+  train_examples = {e.id: e for e in shared.read_examples(str(stages_dir / 'retrieve' / 'train.jsonl'))}
+  chosen = {r['id']: r for r in map(json.loads, open(stages_dir / 'sentence_targets' / 'train.jsonl'))}
+  assert set(chosen) == set(train_candidates)
+  from recomp_jax.compressors import extractive
+  from recomp_jax.reader import prompts
+  reader = shared.Resources(sentence_config).reader
+  for i, r in list(chosen.items())[:4]:  # the reader's log-likelihoods, recomputed one question at a time
+    cands, e = train_candidates[i], train_examples[i]
+    loglik = reader.loglik(prompts.FEW_SHOT_PREFIX, [extractive.candidate_suffix(c, e.question) for c in cands],
+                           [prompts.answer_target(e.answers[0])] * len(cands))
+    assert r['sentence'] == cands[int(np.argmax(loglik))]
+    assert r['loglik'] == pytest.approx(float(np.max(loglik)), abs=1e-3)
+  critic = {r['id']: r for r in map(json.loads, open(stages_dir / 'critic' / 'train.jsonl'))}
+  for i, r in critic.items():
+    if r['decision'] == 'summary':
+      assert r['text'] == chosen[i]['sentence']
+  summary = sentence_results['stages']['sentence_targets']['train']
+  assert summary['questions'] == 16 and summary['without_candidates'] == 0
+  assert any('Training targets (beyond the paper)' in n for n in sentence_results['notes'])
+  sentence_rows = {r['key']: r for r in sentence_results['rows']}
+  assert sentence_rows['teacher'] == rows['teacher'] and sentence_rows['trained']['n'] == 8
 
 
 def _tiny_compressor(kind: str):

@@ -10,6 +10,10 @@ faithfulness aid) is :mod:`recomp_jax.compressors.abstractive`; the teacher clie
   server (``python -m recomp_jax.serve``) started on 127.0.0.1 for the stage's duration.
   Responses are cached in ``{workdir}/teacher_cache.sqlite``: a killed stage loses nothing
   and a rerun (even with changed code) pays for nothing already answered;
+* ``sentence_targets`` (beyond the paper, ``critic.targets='reader_sentence'``): per train
+  and dev question, the candidate sentence under which the reader gives the gold answer the
+  highest log-likelihood; it replaces the teacher's summary as the critic's candidate
+  target (the teacher then answers the test questions only, for its row and the oracle);
 * ``critic``: Fig. 7 over the train and dev summaries with the run's reader (Table 5's
   % filtered and % empty); resumable per chunk of questions;
 * ``train_seed<s>``: the compressor fine-tuned on the critic's targets (Gemma: the prompt
@@ -43,6 +47,7 @@ from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
 CRITIC_CODE = shared.READER_CODE + ('recomp_jax.compressors.abstractive',)
+SENTENCE_TARGET_CODE = CRITIC_CODE + ('recomp_jax.compressors.extractive',)
 TRAIN_CODE = ('recomp_jax.compressors.abstractive', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding')
 
@@ -54,6 +59,12 @@ ROW_NAMES = {
     'oracle': 'oracle: teacher summary or nothing, chosen with the gold answer (A.5)',
 }
 SPLITS = ('train', 'dev', 'test')
+
+
+def teacher_splits(config) -> tuple[str, ...]:
+  """The splits the teacher summarises: all three, or only test when the training targets
+  are the reader's best sentences (``critic.targets='reader_sentence'``)."""
+  return SPLITS if config.critic.targets == 'teacher' else ('test',)
 
 
 def wanted_rows(config) -> list[str]:
@@ -137,8 +148,8 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
   from recomp_jax.teacher import ResponseCache, Teacher, render_prompt  # pylint: disable=import-outside-toplevel
   t = config.teacher
   template = teacher_template(config)
-  splits = {s: ctx.examples(s) for s in SPLITS}
-  prefix, demo_ids = few_shot_block(template, splits['train'], t.few_shot, seed=config.seed)
+  splits = {s: ctx.examples(s) for s in teacher_splits(config)}
+  prefix, demo_ids = few_shot_block(template, ctx.examples('train'), t.few_shot, seed=config.seed)
   k = config.candidates.top_docs
   prompts_by_split = {s: [prefix + render_prompt(template, e.question, abstractive.documents_text(e.ctxs[:k]))
                           for e in examples] for s, examples in splits.items()}
@@ -193,6 +204,38 @@ def load_teacher(directory: str, split: str) -> dict[str, list[str | None]]:
     return {r['id']: r['samples'] for r in map(json.loads, f)}
 
 
+# ----------------------------------------------------------------------------- reader sentences
+
+
+def stage_sentence_targets(config, ctx: Context, directory: str) -> dict:
+  """Beyond the paper: the reader's best candidate sentence per train and dev question ->
+  ``{split}.jsonl`` in the teacher stage's record format (``samples``: the sentence, or
+  None for a question without candidates, which the critic then drops), with its scores
+  (:func:`recomp_jax.compressors.abstractive.reader_best_sentences`)."""
+  from recomp_jax.evaluation.qa_metrics import has_answer  # pylint: disable=import-outside-toplevel
+  summary = {}
+  for split in ('train', 'dev'):
+    examples, candidates = ctx.examples(split), ctx.candidates(split)
+
+    def choose(part):
+      best = abstractive.reader_best_sentences(ctx.resources.reader, [e.question for e in part],
+                                               [candidates.get(e.id, []) for e in part], [e.answers for e in part])
+      return [{'samples': [b['sentence']], 'errors': [None if b['sentence'] else 'no_candidate'], **b}
+              for b in best]
+
+    records = map_resumable(os.path.join(directory, f'{split}.jsonl'), examples, choose,
+                            chunk=config.label.questions_per_call, desc=f'reader sentences {split}')
+    chosen = [(e, records[e.id]) for e in examples if records[e.id]['sentence']]
+    summary[split] = {
+        'questions': len(examples), 'without_candidates': len(examples) - len(chosen),
+        'answer_in_sentence_percent': 100.0 * float(np.mean([has_answer(r['sentence'], e.answers)
+                                                             for e, r in chosen])) if chosen else 0.0,
+        'above_no_retrieval_percent': 100.0 * float(np.mean([r['loglik'] >= r['none_loglik']
+                                                             for _, r in chosen])) if chosen else 0.0}
+    logging.info('reader sentences %s: %s', split, summary[split])
+  return summary
+
+
 # ----------------------------------------------------------------------------- critic
 
 
@@ -222,11 +265,13 @@ def _targets(records: dict[str, dict]) -> list[abstractive.Target]:
           for r in records.values()]
 
 
-def stage_critic(config, ctx: Context, teacher_dir: str, directory: str) -> dict:
+def stage_critic(config, ctx: Context, samples_dir: str, directory: str) -> dict:
+  """Fig. 7 over the candidate targets in ``samples_dir`` (the teacher stage's, or the
+  ``sentence_targets`` stage's)."""
   summary = {}
   for split in ('train', 'dev'):
     report = FilterReport(f'critic/{split}')
-    records = critic_split(ctx.resources.reader, ctx.examples(split), load_teacher(teacher_dir, split),
+    records = critic_split(ctx.resources.reader, ctx.examples(split), load_teacher(samples_dir, split),
                            os.path.join(directory, f'{split}.jsonl'), report,
                            both_wrong=config.critic.both_wrong)
     report.save(os.path.join(directory, f'{split}_report.json'))
@@ -382,6 +427,9 @@ class AbstractiveSystem(System):
     if not 0.0 <= config.compressor.empty_threshold < 1.0:
       raise shared.PipelineError('compressor.empty_threshold must be in [0, 1) (0 = plain greedy), '
                                  f'got {config.compressor.empty_threshold!r}')
+    if config.critic.targets not in abstractive.TARGET_SOURCES:
+      raise shared.PipelineError(f'critic.targets must be one of {abstractive.TARGET_SOURCES}, '
+                                 f'got {config.critic.targets!r}')
     if config.critic.both_wrong not in abstractive.BOTH_WRONG:
       raise shared.PipelineError(f'critic.both_wrong must be one of {abstractive.BOTH_WRONG}, '
                                  f'got {config.critic.both_wrong!r}')
@@ -395,6 +443,8 @@ class AbstractiveSystem(System):
       inputs['served_weights'] = shared.model_fingerprint(config.teacher.model, 'reader')
     inputs['template'] = teacher_template(config)
     inputs['top_docs'] = config.candidates.top_docs
+    if config.critic.targets != 'teacher':  # the paper's splits keep the fingerprint of earlier runs
+      inputs['splits'] = list(teacher_splits(config))
     return inputs
 
   def stages(self, ctx: Context) -> tuple[str, ...]:
@@ -408,13 +458,21 @@ class AbstractiveSystem(System):
                                           collective=False)  # one process calls the teacher
     if not shared.trains(config):
       return ('teacher',)
-    teacher_dir = ctx.stage_dir('teacher')
+    source = 'teacher'
     critic_inputs = reader_inputs(config)
     if config.critic.both_wrong != 'drop':  # the paper's rule keeps the fingerprint of earlier runs
       critic_inputs['both_wrong'] = config.critic.both_wrong
+    if config.critic.targets == 'reader_sentence':
+      source = 'sentence_targets'
+      critic_inputs['targets'] = config.critic.targets
+      sentence_inputs = {**reader_inputs(config), 'chunk': config.label.questions_per_call}
+      ctx.summaries[source] = runner.run(source, sentence_inputs,
+                                         lambda d: stage_sentence_targets(config, ctx, d),
+                                         deps=('candidates',), code=SENTENCE_TARGET_CODE, resumable=True)
+    samples_dir = ctx.stage_dir(source)
     ctx.summaries['critic'] = runner.run('critic', critic_inputs,
-                                         lambda d: stage_critic(config, ctx, teacher_dir, d),
-                                         deps=('teacher',), code=CRITIC_CODE, resumable=True)
+                                         lambda d: stage_critic(config, ctx, samples_dir, d),
+                                         deps=(source,), code=CRITIC_CODE, resumable=True)
     cfg = config.to_dict()
     from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     train_fields, compressor_fields = finetune_inputs(config, 'compressor')
@@ -428,7 +486,7 @@ class AbstractiveSystem(System):
           lambda d, seed=seed: stage_train(config, ctx, ctx.stage_dir('critic'), seed, d),
           deps=('critic',), code=TRAIN_CODE, resumable=True)
       names.append(name)
-    return ('teacher', 'critic') + tuple(names)
+    return ('teacher',) + (('sentence_targets',) if source != 'teacher' else ()) + ('critic',) + tuple(names)
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     c = ctx.config.compressor
@@ -541,6 +599,19 @@ class AbstractiveSystem(System):
                    f"split: {len(teacher.get('few_shot_ids', []))} ({', '.join(teacher.get('few_shot_ids', [])) or 'none'}).")
       failed = {s: v['failed'] for s, v in teacher.get('splits', {}).items()}
       notes.append(f'Teacher requests that failed (never used as targets), per split: {failed}.')
+    sentences = summaries.get('sentence_targets', {})
+    if sentences:
+      parts = []
+      for split, v in sentences.items():
+        part = (f"{split}: {v['answer_in_sentence_percent']:.0f}% contain a gold answer, "
+                f"{v['above_no_retrieval_percent']:.0f}% score it above no retrieval")
+        if v['without_candidates']:
+          part += f", {v['without_candidates']} without candidates"
+        parts.append(part)
+      notes.append('Training targets (beyond the paper): per question, the candidate sentence of the top documents '
+                   'under which the reader gives the gold answer the highest log-likelihood, judged by the critic '
+                   f"in place of a teacher summary; {'; '.join(parts)}. "
+                   'The teacher summarised the test questions only.')
     critic = summaries.get('critic', {})
     if critic:
       notes.append('Critic (Table 5): ' + '; '.join(
@@ -559,5 +630,5 @@ class AbstractiveSystem(System):
 
 
 __all__ = ['AbstractiveSystem', 'Compressor', 'ROW_KEYS', 'compress_split', 'compressor_pairs', 'critic_split',
-           'few_shot_block', 'fit_documents', 'stage_critic', 'stage_teacher', 'stage_train', 'train_compressor',
-           'wanted_rows']
+           'few_shot_block', 'fit_documents', 'stage_critic', 'stage_sentence_targets', 'stage_teacher', 'stage_train',
+           'teacher_splits', 'train_compressor', 'wanted_rows']

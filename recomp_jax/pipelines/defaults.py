@@ -179,6 +179,11 @@ def abstractive_config() -> ml_collections.ConfigDict:
   # Fig. 7 drops examples the reader gets wrong with the summary and without retrieval ('drop');
   # beyond the paper, 'loglik' decides them by the gold answer's log-likelihood (weak readers).
   c.critic.both_wrong = 'drop'
+  # What the critic judges: 'teacher' summaries (the paper) or, beyond the paper, 'reader_sentence':
+  # the candidate sentence under which the reader gives the gold answer the highest log-likelihood
+  # (the extractive labelling's positive), for teachers too weak to summarise; the teacher then
+  # summarises the test questions only (its row and the A.5 oracle).
+  c.critic.targets = 'teacher'
 
   c.compressor = ml_collections.ConfigDict()
   # '' = Gemma 3 270M from PyPI, decoder-only with the prompt masked out of the loss; a T5
