@@ -64,6 +64,25 @@ def test_causal_lm_arrays_mask_exactly_the_target_and_eos():
   assert tok.decode(long_row[1:-1].tolist()) == PROMPTS[2][-62:]
 
 
+def test_causal_lm_arrays_cut_targets_to_max_target_length_and_keep_the_head_narrow():
+  """``max_target_length`` bounds target + EOS as in seq2seq_arrays; the head's slots ``A``
+  follow the longest target, so one long target would otherwise widen every row's head."""
+  tok = char_tokenizer(VOCAB)
+  targets = ['a' * 5, 'b' * 200, '']  # one 200-token target among short ones
+  wide = recipes.causal_lm_arrays(tok, ['q1', 'q2', 'q3'], targets, max_length=400)
+  assert wide['target_ids'].shape[1] == 256
+  report = recipes.TruncationReport()
+  for pack in (False, True):
+    a = recipes.causal_lm_arrays(tok, ['q1', 'q2', 'q3'], targets, max_length=400, max_target_length=16,
+                                 report=report, pack=pack)
+    assert a['target_ids'].shape[1] == 16
+    learnt = [a['target_ids'][r][a['target_mask'][r] > 0].tolist() for r in range(a['target_ids'].shape[0])]
+    flat = [t for row in learnt for t in row]
+    assert flat.count(tok.eos_token_id) == 3  # every target still ends with EOS
+    assert tok.decode([t for t in flat if t != tok.eos_token_id]) == 'a' * 5 + 'b' * 15  # the long one cut to 15 + EOS
+  assert report.targets_truncated == 2 and report.prompts_truncated == 0
+
+
 def test_causal_lm_loss_matches_float64_reference_and_ignores_the_prompt():
   tok = char_tokenizer(VOCAB)
   model = _gemma()

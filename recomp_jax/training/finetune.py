@@ -53,7 +53,7 @@ def lm_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], 
     return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
                                   max_target_length=max_target_length,
                                   decoder_start_id=0 if start is None else int(start), report=report)
-  return recipes.causal_lm_arrays(tokenizer, prompts, targets, pack=pack,
+  return recipes.causal_lm_arrays(tokenizer, prompts, targets, pack=pack, max_target_length=max_target_length,
                                   max_length=max_source_length + max_target_length, report=report)
 
 

@@ -111,7 +111,7 @@ def _leftmost_with_room(free_tokens: list[int], free_targets: list[int], size: i
 def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
                      max_length: int, add_bos: bool = True, add_eos: bool = True,
                      pad_id: int | None = None, report: TruncationReport | None = None,
-                     pack: bool = False) -> dict[str, np.ndarray]:
+                     pack: bool = False, max_target_length: int | None = None) -> dict[str, np.ndarray]:
   """Arrays for prompt-masked causal-LM fine-tuning.
 
   Row ``i`` is ``[BOS] prompt_i target_i [EOS]`` right-padded; position ``t`` predicts
@@ -128,6 +128,11 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
       the boundary is exact).
     prompt_texts, targets: ``N`` strings each.
     max_length: at most this many tokens per row (BOS and EOS included).
+    max_target_length: at most this many target tokens, EOS included (as
+      :func:`seq2seq_arrays`); longer targets lose their end (counted). None: only
+      ``max_length`` bounds them. The head's ``A`` slots follow the longest target of the
+      whole set, so one unbounded target (a 256-token "sentence") would make every row's
+      head 8 times wider than the typical target needs.
     add_bos, add_eos: framing tokens (the tokenizer's ``bos_token_id`` / ``eos_token_id``).
     pad_id: padding id (default the tokenizer's pad id, else 0).
     report: counts truncated prompts and targets.
@@ -155,9 +160,10 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
     budget = max_length - len(head) - len(tail)
     if budget < 1:
       raise ValueError(f'max_length={max_length} leaves no room for tokens')
-    if len(target) > budget - 1:
+    limit = budget - 1 if max_target_length is None else min(budget - 1, max_target_length - len(tail))
+    if len(target) > limit:
       report.targets_truncated += 1
-      target = target[:max(budget - 1, 0)]
+      target = target[:max(limit, 0)]
     if len(prompt) + len(target) > budget:
       report.prompts_truncated += 1
       prompt = prompt[len(prompt) + len(target) - budget:]
