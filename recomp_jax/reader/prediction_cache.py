@@ -24,7 +24,6 @@ empty, decoded in other batches, gave the no-retrieval row's answers on all 293.
 from __future__ import annotations
 
 import hashlib
-import json
 import sqlite3
 import threading
 from typing import Sequence
@@ -47,10 +46,9 @@ def reader_key(weights: dict, *, code: Sequence[str] = READER_CODE, **generation
     generation: what else decides the answer (``stop_strings``; the generation limit is
       per answer, :meth:`PredictionCache.lookup`).
   """
-  from recomp_jax.pipelines.stages import code_hash  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.stages import code_hash, fingerprint  # pylint: disable=import-outside-toplevel
   content = {k: v for k, v in weights.items() if k != 'path'}
-  return _sha(json.dumps({'weights': content, 'code': code_hash(tuple(code)), 'generation': generation},
-                         sort_keys=True, default=list))
+  return fingerprint({'weights': content, 'code': code_hash(tuple(code)), 'generation': generation})
 
 
 class PredictionCache:
