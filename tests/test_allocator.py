@@ -194,10 +194,17 @@ def test_decay_setting_reuses_xla_temporaries():
                                                  allocator.ENV_DONE: '1'},
       capture_output=True, text=True, check=True).stdout.split()[-1])
   one_buffer = (16 << 20) // 4096  # pages
-  kept, decay = run(allocator.JEMALLOC_CONF), run(allocator.JEMALLOC_CONF_DECAY)
-  decay_alone = run('dirty_decay_ms:1000,muzzy_decay_ms:1000')
-  assert kept < 4 * one_buffer and decay < 4 * one_buffer, (kept, decay)  # not 20 calls x buffers
-  assert decay_alone > 5 * decay and decay_alone > 20 * one_buffer // 2, (decay_alone, decay)
+  measured = []
+  # Page faults are the kernel's count, and a busy machine can add some (a clean-clone CI run
+  # once failed here while the test passed alone): up to three tries, the first that holds wins.
+  for _ in range(3):
+    kept, decay = run(allocator.JEMALLOC_CONF), run(allocator.JEMALLOC_CONF_DECAY)
+    decay_alone = run('dirty_decay_ms:1000,muzzy_decay_ms:1000')
+    measured.append((kept, decay, decay_alone))
+    if (kept < 4 * one_buffer and decay < 4 * one_buffer  # not 20 calls x buffers
+        and decay_alone > 5 * decay and decay_alone > 20 * one_buffer // 2):
+      return
+  pytest.fail(f'page faults of 20 calls (kept, decay setting, decay alone) per try: {measured}')
 
 
 _PEAK_PROBE = '''
