@@ -5,8 +5,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 python3 -m pip install -q -e '.[test,demo,serve,tf]'
-# The notebooks start full pipelines (and a model server) in child processes: they run in a
-# pytest process of their own, so the suite's session fixtures (real models) are not resident
-# beside them on a 24 GB machine.
-python3 -m pytest -q -rs tests --ignore=tests/test_notebooks.py "$@"
-python3 -m pytest -q -rs tests/test_notebooks.py "$@"
+# One persistent XLA compilation cache for this run: every pytest process, xdist worker, pipeline
+# and notebook kernel below loads a program another one already compiled instead of compiling it
+# again. It starts empty, so each run still compiles everything once; it is removed at the end.
+# Its size bound also makes JAX lock the directory, so processes never read a half-written entry.
+xla_cache="$(mktemp -d -t recomp_jax_xla_cache.XXXXXX)"
+trap 'rm -rf "$xla_cache"' EXIT
+export JAX_COMPILATION_CACHE_DIR="$xla_cache" JAX_COMPILATION_CACHE_MAX_SIZE=$((4 << 30))
+# Two workers (2 CPU cores): each test file is one unit; the tests marked end_to_end (whole
+# pipelines with real Gemma 3 270M fine-tunes) run one after another on one worker, never side
+# by side, and start first (tests/conftest.py).
+python3 -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder tests \
+  --ignore=tests/test_notebooks.py --ignore=tests/test_allocator.py "$@"
+# Alone, in a process of their own: the allocator's page-fault counts, which another busy process
+# disturbs, and the notebooks, which start full pipelines (and a model server) in child processes.
+python3 -m pytest -q -rs tests/test_allocator.py tests/test_notebooks.py "$@"

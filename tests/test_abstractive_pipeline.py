@@ -56,6 +56,7 @@ def _config(workdir, **overrides):
   return config
 
 
+@pytest.mark.end_to_end
 def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_path, tiny_t5_dir):
   workdir = tmp_path / 'run'
   config = _config(workdir)

@@ -373,6 +373,7 @@ def test_bad_jsonl_line_names_file_line_and_field(tmp_path, tiny_models):
 # ----------------------------------------------------------------------------- real models
 
 
+@pytest.mark.end_to_end
 def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
   """The demo pipeline at a reduced size with MiniLM and the real Gemma 3 270M."""
   from configs.nq_extractive import get_config

@@ -32,6 +32,7 @@ def _jsonl(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.end_to_end
 def test_ci_pipeline_end_to_end(tmp_path):
   workdir = tmp_path / 'run'
   config = _config(workdir)

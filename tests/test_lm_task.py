@@ -176,6 +176,7 @@ def test_own_article_passages_are_removed_before_the_top_k():
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_WIKITEXT), reason='needs ../shared/data')
+@pytest.mark.end_to_end
 def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   """configs/wikitext_lm.py:ci: windows -> BM25 (own article removed) -> every row's perplexity
   -> a results file in the schema; a second run reuses every stage and gives the same file."""
