@@ -73,7 +73,7 @@ def main():
   args = parser.parse_args()
   repeats = 1 if args.quick else 3
 
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  from recomp_jax.pretrained.demo import resolve_demo_model
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
   from recomp_jax.compressors import filco
@@ -95,7 +95,7 @@ def main():
   print(f'{len(questions)} questions, {total} sentences ({total / len(questions):.1f} per question)',
         flush=True)
 
-  gguf = demo_gemma_gguf()
+  gguf = resolve_demo_model('', 'reader')
   hf_dir = convert_to_hf_dir(gguf)
   reader = Reader(hf_dir, score_batch_size=32)
   tokenizer = AutoTokenizer.from_pretrained(hf_dir)

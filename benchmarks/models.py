@@ -75,7 +75,7 @@ def bench_minilm(repeats: int) -> list[dict]:
 
 
 def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  from recomp_jax.pretrained.demo import resolve_demo_model
   from transformers import AutoModelForCausalLM
 
   from recomp_jax.models import generation
@@ -83,7 +83,7 @@ def bench_gemma(repeats: int, quick: bool) -> tuple[list[dict], list[dict]]:
   from recomp_jax.pretrained.gguf import convert_to_hf_dir
   from recomp_jax.models.gemma_decoding import generate
 
-  gguf = demo_gemma_gguf()
+  gguf = resolve_demo_model('', 'reader')
   hf_dir = convert_to_hf_dir(gguf)
   ours = load_pretrained(hf_dir)
   tokenizer = ours.tokenizer()

