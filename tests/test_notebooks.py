@@ -39,6 +39,7 @@ def test_every_notebook_has_ci_parameters():
         f'{path.name}: commit notebooks without outputs'
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   workdir = tmp_path / 'work'
