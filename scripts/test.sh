@@ -13,11 +13,10 @@ xla_cache="$(mktemp -d -t recomp_jax_xla_cache.XXXXXX)"
 trap 'rm -rf "$xla_cache"' EXIT
 export JAX_COMPILATION_CACHE_DIR="$xla_cache" JAX_COMPILATION_CACHE_MAX_SIZE=$((4 << 30))
 # Two workers (2 CPU cores): each test file is one unit; the tests marked end_to_end (whole
-# pipelines with real Gemma 3 270M fine-tunes, and the notebooks, which run pipelines too) run one
-# after another on one worker, never side by side, and start first (tests/conftest.py).
-python3 -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder tests \
-  --ignore=tests/test_allocator.py --ignore=tests/test_multihost.py "$@"
-# Alone, in a process of their own, on a quiet machine: the allocator's page-fault counts, which
-# another busy process disturbs, and the two-process training runs, whose gloo collectives give up
-# when one process reaches a collective 30 s after the other (a fixed timeout in XLA's CPU client).
-python3 -m pytest -q -rs tests/test_allocator.py tests/test_multihost.py "$@"
+# pipelines with real models, the quickstart notebook among them) run one after another on one
+# worker, never side by side, and start first (tests/conftest.py).
+python3 -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m 'not alone' tests "$@"
+# Then the tests marked alone, in a process of their own with nothing beside them: the allocator's
+# page-fault counts, the two-process training runs (gloo gives up when one process reaches a
+# collective 30 s after the other) and the abstractive notebook (a model server beside a fine-tune).
+python3 -m pytest -q -rs -m alone tests/test_allocator.py tests/test_multihost.py tests/test_notebooks.py "$@"

@@ -37,12 +37,16 @@ def _drop_compiled_functions_after_each_module():
 # are one unit together instead: they run one after another on one worker, never two side by side
 # in 24 GB, and that unit is sent first because it is the longest.
 
+# Tests marked ``alone`` are left out of the parallel run and run afterwards with nothing beside them.
+
 END_TO_END = 'end_to_end'
 
 
 def pytest_configure(config):
   config.addinivalue_line('markers', f'{END_TO_END}: a whole pipeline run; under pytest-xdist these '
                           'tests share one worker and run one after another')
+  config.addinivalue_line('markers', 'alone: needs the machine to itself (memory, page-fault counts, '
+                          'timeouts); scripts/test.sh runs these after the parallel tests')
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
