@@ -19,4 +19,4 @@ python3 -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m 'not al
 # Then the tests marked alone, in a process of their own with nothing beside them: the allocator's
 # page-fault counts, the two-process training runs (gloo gives up when one process reaches a
 # collective 30 s after the other) and the abstractive notebook (a model server beside a fine-tune).
-python3 -m pytest -q -rs -m alone tests/test_allocator.py tests/test_multihost.py tests/test_notebooks.py "$@"
+python3 -m pytest -q -rs -m alone tests "$@"

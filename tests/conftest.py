@@ -35,9 +35,8 @@ def _drop_compiled_functions_after_each_module():
 # Each test file is one unit of work, so its module fixtures are built once. Tests marked
 # ``end_to_end`` (a whole pipeline: real Gemma 3 270M fine-tunes, a model server, child processes)
 # are one unit together instead: they run one after another on one worker, never two side by side
-# in 24 GB, and that unit is sent first because it is the longest.
-
-# Tests marked ``alone`` are left out of the parallel run and run afterwards with nothing beside them.
+# in 24 GB, and that unit is sent first because it is the longest. Tests marked ``alone`` are left
+# out of the parallel run and run afterwards with nothing beside them.
 
 END_TO_END = 'end_to_end'
 
