@@ -348,6 +348,14 @@ class DecodeCache:
     return DecodeCache(tuple(map(rep, self.keys)), tuple(map(rep, self.values)), rep(self.valid),
                        self.length, rep(self.next_position), self.fresh)
 
+  def take(self, rows: jax.Array) -> 'DecodeCache':
+    """The cache rows ``rows [B]`` (int, repeats allowed): row ``b`` of the result is row
+    ``rows[b]`` of this cache (many continuations of ``G`` prefixes, any number each)."""
+    def take(x):
+      return jnp.take(x, rows, axis=0)
+    return DecodeCache(tuple(map(take, self.keys)), tuple(map(take, self.values)), take(self.valid),
+                       self.length, take(self.next_position), self.fresh)
+
 
 def _slot_indices(length: jax.Array, size: int) -> jax.Array:
   """``[size]`` token index held by each slot after ``length`` writes (< 0: never written).

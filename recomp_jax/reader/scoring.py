@@ -261,27 +261,32 @@ def _batch_constrained(cache: DecodeCache) -> DecodeCache:
 
 def continuation_log_likelihood(model: GemmaModel, prefix: PrefixState, input_ids: jax.Array,
                                 attention_mask: jax.Array, predict_index: jax.Array,
-                                target_ids: jax.Array, target_mask: jax.Array, *,
+                                target_ids: jax.Array, target_mask: jax.Array,
+                                prefix_rows: jax.Array | None = None, *,
                                 vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> LogLikelihood:
-  """Target log-likelihood of ``B`` continuations of ``G`` encoded prefixes (``B = G * R``).
+  """Target log-likelihood of ``B`` continuations of ``G`` encoded prefixes.
 
   Args:
     model: a causal :class:`GemmaModel`.
-    prefix: from :func:`encode_prefix` with ``G`` rows; each row is repeated ``R = B // G``
-      times here, so rows ``g * R ... g * R + R - 1`` continue prefix ``g``.
+    prefix: from :func:`encode_prefix` with ``G`` rows. Without ``prefix_rows`` each row is
+      repeated ``R = B // G`` times here, so rows ``g * R ... g * R + R - 1`` continue prefix ``g``.
     input_ids: ``[B, T]`` suffix then target tokens, right-padded.
     attention_mask: ``[B, T]`` 1 = real token.
     predict_index: ``[B, A]`` index into ``[prefix's last token, chunk tokens 0..T-1]``
       of the hidden state predicting each target token: a target at chunk index
       ``j`` has ``predict_index = j``.
     target_ids, target_mask: ``[B, A]``.
+    prefix_rows: ``[B]`` int, the prefix each row continues (any number of rows per prefix),
+      in place of the ``R`` repeats.
   """
   batch, groups = input_ids.shape[0], prefix.last_hidden.shape[0]
-  if batch % groups:
-    raise ValueError(f'{batch} continuation rows do not divide over {groups} prefixes')
-  cache = _batch_constrained(prefix.cache.tile(batch // groups))
+  if prefix_rows is None:
+    if batch % groups:
+      raise ValueError(f'{batch} continuation rows do not divide over {groups} prefixes')
+    prefix_rows = jnp.repeat(jnp.arange(groups, dtype=jnp.int32), batch // groups)
+  cache = _batch_constrained(prefix.cache.take(prefix_rows))
   hidden, _ = model.prefill(input_ids, attention_mask, cache, return_hidden=True)  # [B, T, D]
-  last = jnp.repeat(prefix.last_hidden, batch // groups, axis=0)[:, None].astype(hidden.dtype)
+  last = jnp.take(prefix.last_hidden, prefix_rows, axis=0)[:, None].astype(hidden.dtype)
   hidden = jnp.concatenate([last, hidden], axis=1)                                 # [B, 1+T, D]
   return _log_likelihood(hidden, predict_index, target_ids, target_mask, output_head(model),
                          vocab_chunk)
@@ -571,13 +576,15 @@ class CausalScorer(_Scorer):
     prefix_{owners[i]} + suffix_i)``, each prefix encoded once (``prefix_ids`` include BOS).
 
     The batched form of :meth:`score_ids_with_shared_prefix` (e.g. every sentence a filter
-    model could write after its own prompt): a compiled call takes ``G`` prefixes with ``R``
-    candidate slots each (``G * R = batch_size``, ``R`` the smallest divisor of
-    ``batch_size`` that holds the largest group; a larger group than ``batch_size`` is split
-    over several units of the same prefix). Prefixes are left-padded to a common bucket, so
-    one cache length serves every row; short groups and the last call are filled with
-    repeats. With a mesh, the ``G`` prefixes are split over the batch axes when they divide
-    evenly (else each device prefills all of them); the ``G * R`` rows always are.
+    model could write after its own prompt). Groups (a prefix and its candidates; a group
+    larger than ``batch_size`` is split into units of the same prefix) are packed into
+    compiled calls of ``batch_size`` candidate rows and ``G`` prefixes, ``G`` a power of two
+    (:func:`prefix_slots`); each row gathers its own prefix's cache, so a group of 3 and one
+    of 20 share a call without padding the small one to the large one. Units are packed
+    longest prefix first, so similar prefix lengths share a bucket; prefixes are left-padded
+    to it, so one cache length serves every row. Unused prefix slots and rows are filled
+    with repeats. With a mesh, the ``G`` prefixes are split over the batch axes when they
+    divide evenly (else each device prefills all of them); the rows always are.
     """
     self._check_lengths(suffix_ids, target_ids, 'suffixes')
     self._check_lengths(owners, target_ids, 'owners')
@@ -587,25 +594,21 @@ class CausalScorer(_Scorer):
       raise ValueError(f'owners must index the {len(prefix_ids)} prefixes')
     if any(len(prefix_ids[g]) == 0 for g in set(owners)):
       raise ValueError('every prefix needs at least one token (BOS)')
-    groups: dict[int, list[int]] = {}
-    for i, g in enumerate(owners):
-      groups.setdefault(int(g), []).append(i)
-    need = min(max(map(len, groups.values())), self.batch_size)
-    reps = next(d for d in range(need, self.batch_size + 1) if self.batch_size % d == 0)
-    per_call = self.batch_size // reps
-    units = [(g, members[k:k + reps]) for g, members in groups.items()
-             for k in range(0, len(members), reps)]
-    units.sort(key=lambda u: -len(prefix_ids[u[0]]))  # similar prefix lengths share a bucket
-    graphdef, state = nnx.split(self.model)
     lengths = [len(a) + len(t) for a, t in zip(suffix_ids, target_ids)]
+    graphdef, state = nnx.split(self.model)
     results = []
-    for start in range(0, len(units), per_call):
-      call = _fill(units[start:start + per_call], per_call)
-      rows = [i for _, members in call for i in _fill(members, reps)]
-      prefix_len = self._length(max(len(prefix_ids[g]) for g, _ in call))
+    for call in pack_prefix_groups(owners, [len(p) for p in prefix_ids], lengths, self.batch_size,
+                                   bucket=self._length):
+      slots = prefix_slots(len(call), self.batch_size)
+      groups = _fill([g for g, _ in call], slots)
+      members = [(k, i) for k, (_, rows) in enumerate(call) for i in rows]
+      index = np.asarray([i for _, i in members])
+      members = _fill(members, self.batch_size)
+      rows = [i for _, i in members]
+      prefix_len = self._length(max(len(prefix_ids[g]) for g in groups))
       chunk_len = self._length(max(lengths[i] for i in rows))
-      ids, mask = pad_rows([list(prefix_ids[g]) for g, _ in call], prefix_len, self.pad_id, left=True)
-      if self.mesh is not None and per_call % sharding.batch_shards(self.mesh) == 0:
+      ids, mask = pad_rows([list(prefix_ids[g]) for g in groups], prefix_len, self.pad_id, left=True)
+      if self.mesh is not None and slots % sharding.batch_shards(self.mesh) == 0:
         ids, mask = self._put((ids, mask))  # each device prefills its share of the prefixes
       elif self.mesh is not None:
         replicated = sharding.replicated(self.mesh)
@@ -616,14 +619,54 @@ class CausalScorer(_Scorer):
       targets = [list(target_ids[i]) for i in rows]
       chunk_ids, chunk_mask = pad_rows([a + t for a, t in zip(suffixes, targets)], chunk_len, self.pad_id)
       batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
+               'prefix_rows': np.asarray([k for k, _ in members], np.int32),
                **_targets(targets, [len(a) for a in suffixes], self._slots(max(len(t) for t in targets)))}
-      out = jax.device_get(self._run(_continuation_jit, graphdef, state, prefix, self._put(batch),
-                                     vocab_chunk=self.vocab_chunk))
-      real = [(u * reps + k, i) for u, (_, members) in enumerate(call[:len(units) - start])
-              for k, i in enumerate(members)]
-      positions = np.asarray([p for p, _ in real])
-      results.append((np.asarray([i for _, i in real]), jax.tree.map(lambda x: x[positions], out)))
+      out = self._run(_continuation_jit, graphdef, state, prefix, self._put(batch), vocab_chunk=self.vocab_chunk)
+      results.append((index, out))
     return _collect(results, len(target_ids))
+
+
+def prefix_slots(groups: int, batch_size: int) -> int:
+  """Prefixes a compiled call holds for ``groups`` real ones: the next power of two (at most
+  ``batch_size``), so a run compiles a handful of prefix counts."""
+  slots = 1
+  while slots < groups:
+    slots *= 2
+  return min(slots, batch_size)
+
+
+def pack_prefix_groups(owners: Sequence[int], prefix_lengths: Sequence[int], lengths: Sequence[int],
+                       batch_size: int, *, bucket: Callable[[int], int] = lambda n: n
+                       ) -> list[list[tuple[int, list[int]]]]:
+  """Candidates grouped by prefix and packed into calls of at most ``batch_size`` rows.
+
+  Args:
+    owners: ``[N]`` the prefix of each candidate.
+    prefix_lengths: tokens of each prefix; lengths: ``[N]`` tokens of each candidate row.
+    batch_size: rows per call (a group larger than this is split into several units).
+    bucket: the padded length of a prefix. Units are taken longest prefix bucket first, then
+      longest row first, each into the first call with room for it (first fit), so calls
+      fill up and a call's prefixes and rows pad to similar lengths.
+
+  Returns:
+    calls, each a list of ``(prefix, candidate indices)`` units; every candidate is in
+    exactly one unit, in input order within its unit.
+  """
+  groups: dict[int, list[int]] = {}
+  for i, g in enumerate(owners):
+    groups.setdefault(int(g), []).append(i)
+  units = [(g, members[k:k + batch_size]) for g, members in groups.items()
+           for k in range(0, len(members), batch_size)]
+  units.sort(key=lambda u: (-bucket(prefix_lengths[u[0]]), -max(lengths[i] for i in u[1])))
+  calls, rows = [], []
+  for unit in units:  # first fit: into the first call with room for the whole unit
+    k = next((k for k, n in enumerate(rows) if n + len(unit[1]) <= batch_size), len(calls))
+    if k == len(calls):
+      calls.append([])
+      rows.append(0)
+    calls[k].append(unit)
+    rows[k] += len(unit[1])
+  return calls
 
 
 class Seq2SeqScorer(_Scorer):
@@ -682,5 +725,5 @@ class Seq2SeqScorer(_Scorer):
 __all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'LENGTH_BUCKETS',
            'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores',
            'Seq2SeqScorer', 'TARGET_BUCKETS', 'causal_log_likelihood',
-           'continuation_log_likelihood', 'encode_prefix', 'output_head',
+           'continuation_log_likelihood', 'encode_prefix', 'output_head', 'pack_prefix_groups', 'prefix_slots',
            'seq2seq_log_likelihood', 'target_log_probs']
