@@ -373,27 +373,39 @@ def test_bad_jsonl_line_names_file_line_and_field(tmp_path, tiny_models):
 # ----------------------------------------------------------------------------- real models
 
 
-@pytest.mark.end_to_end
-def test_ci_preset_runs_end_to_end_with_real_models(tmp_path):
-  """The demo pipeline at a reduced size with MiniLM and the real Gemma 3 270M."""
+# The ci preset at a reduced size with MiniLM and the real Gemma 3 270M. The quickstart notebook
+# runs it end to end (tests/test_notebooks.py passes these flags) and then calls
+# check_real_model_ci_run on its workdir: the pipeline runs once, for both tests.
+REAL_MODEL_CI_FLAGS = {'data.demo_train': 16, 'data.demo_dev': 4, 'data.demo_test': 8, 'train.num_steps': 2,
+                       'train.batch_size': 8,
+                       'eval.rows': ('none', 'top1', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll',
+                                     'oracle_em')}
+
+
+def real_model_ci_flags() -> list[str]:
+  """:data:`REAL_MODEL_CI_FLAGS` as ``recomp_jax.main`` flags."""
+  return [f'--config.{k}={v!r}' if isinstance(v, tuple) else f'--config.{k}={v}'
+          for k, v in REAL_MODEL_CI_FLAGS.items()]
+
+
+def check_real_model_ci_run(workdir) -> None:
+  """What ``configs/nq_extractive.py:ci`` with :data:`REAL_MODEL_CI_FLAGS` must have computed in ``workdir``."""
   from configs.nq_extractive import get_config
   config = get_config('ci')
-  config.workdir = str(tmp_path / 'ci')
-  config.data.demo_train, config.data.demo_dev, config.data.demo_test = 16, 4, 8
-  config.train.num_steps = 2
-  config.train.batch_size = 8
-  config.eval.rows = ('none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em')
-  results = pipeline_runner.run(config, config.workdir)
+  config.workdir = str(workdir)
+  config.update_from_flattened_dict(REAL_MODEL_CI_FLAGS)
+  from recomp_jax.evaluation import report
+  results = json.load(open(os.path.join(config.workdir, 'results.json')))
+  report.validate_results(results)
+  assert results['config']['train']['num_steps'] == 2 and results['n'] == 8  # the flags reached the run
   rows = {r['key']: r for r in results['rows']}
-  assert set(rows) == {'none', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll', 'oracle_em'}
+  assert set(rows) == set(REAL_MODEL_CI_FLAGS['eval.rows'])
   # The real reader answers these questions better with the best sentence than with nothing.
   assert rows['oracle_ll']['em'] > rows['none']['em']
   assert rows['oracle_em']['em'] >= rows['oracle_ll']['em']
   assert rows['trained']['tokens'] < 0.2 * rows['top5']['tokens']
   # The TensorBoard probe at the best step is the real reader's EM / F1 on the first dev
   # questions with the exported best encoder's top sentence (recomputed here).
-  from recomp_jax.compressors import extractive
-  from recomp_jax.pipelines import shared
   from recomp_jax.reader.prompts import build_prompt
   from recomp_jax.training.summaries import read_scalars
   train_dir = os.path.join(config.workdir, 'stages', 'train_contrastive_seed0')

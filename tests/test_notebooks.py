@@ -45,6 +45,21 @@ def test_every_notebook_has_ci_parameters():
 NOTEBOOK_MARKS = {'quickstart.ipynb': pytest.mark.end_to_end, 'abstractive.ipynb': pytest.mark.alone}
 
 
+def _extra_parameters(name: str) -> dict:
+  """quickstart's run is also the extractive pipeline's real-model test: the notebook runs the
+  pipeline with that test's flags and the test's checks read its workdir (one run, both tests)."""
+  if name == 'quickstart.ipynb':
+    from tests.test_extractive import real_model_ci_flags
+    return {'FLAGS': real_model_ci_flags()}
+  return {}
+
+
+def _check_workdir(name: str, workdir) -> None:
+  if name == 'quickstart.ipynb':
+    from tests.test_extractive import check_real_model_ci_run
+    check_real_model_ci_run(workdir)
+
+
 @pytest.mark.parametrize('path', [pytest.param(p, marks=NOTEBOOK_MARKS[p.name]) for p in NOTEBOOKS],
                          ids=lambda p: p.name)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
@@ -52,7 +67,8 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   output = tmp_path / path.name
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')  # the kernel inherits it: no network in CI
   papermill.execute_notebook(str(path), str(output), cwd=str(path.parent),
-                             parameters={**PARAMETERS[path.name], 'WORKDIR': str(workdir)},
+                             parameters={**PARAMETERS[path.name], 'WORKDIR': str(workdir),
+                                         **_extra_parameters(path.name)},
                              kernel_name='python3', progress_bar=False, execution_timeout=1500)
   executed = json.loads(output.read_text())
   text = ''.join(''.join(o.get('text', '')) for c in executed['cells'] for o in c.get('outputs', []))
@@ -63,3 +79,4 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     assert (workdir / name).exists(), (path.name, name)
   results = json.loads((workdir / 'results.json').read_text())
   assert results['preset'] == 'ci' and {r['key'] for r in results['rows']} >= {'trained', 'top1'}
+  _check_workdir(path.name, workdir)
