@@ -188,9 +188,11 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
   longer than the window) give each candidate the score of its full string."""
   hf, model = gemma_pair
   tokenizer = _char_tokenizer()
-  calls = []
-  encode = scoring._prefix_jit
+  calls, rows = [], []
+  encode, continue_ = scoring._prefix_jit, scoring._continuation_jit
   monkeypatch.setattr(scoring, '_prefix_jit', lambda *a, **k: calls.append(a[2].shape) or encode(*a, **k))
+  monkeypatch.setattr(scoring, '_continuation_jit',
+                      lambda *a, **k: rows.append(a[3]['input_ids'].shape) or continue_(*a, **k))
   prefixes = [PREFIX, 'ab', 'Q: where is the moon?\nA:']
   owners = [1, 0, 2, 0, 0, 2, 0, 0, 2, 0]
   suffixes = ['', 'x', ' the', '', 'q\nA:', '', 'zz', ' ok', '?', '']
@@ -200,9 +202,10 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
   grouped = scorer.score_ids_with_prefixes(prefix_ids, owners,
                                            tokenizer(suffixes, add_special_tokens=False)['input_ids'],
                                            tokenizer(targets, add_special_tokens=False)['input_ids'])
-  # 4 rows a call: group 0 (6 candidates) is split into units of 4 and 2; the 2 shares a call
-  # with group 1 (1) and the 3 of group 2 take one of their own.
-  assert sorted(shape[0] for shape in calls) == [1, 1, 2]
+  # One window of 3 prefixes (4 slots), prefilled once; its 10 candidates, longest first, in
+  # 3 calls of 4 rows whatever prefix each row continues.
+  assert [shape[0] for shape in calls] == [4] and [shape[0] for shape in rows] == [4, 4, 4]
+  assert [shape[1] for shape in rows] == sorted((shape[1] for shape in rows), reverse=True)
   full = scorer.score_details([prefixes[g] + a for g, a in zip(owners, suffixes)], targets)
   np.testing.assert_allclose(grouped.total, full.total, atol=TOL, rtol=0)
   np.testing.assert_array_equal(grouped.num_tokens, full.num_tokens)
@@ -215,25 +218,14 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
   calls.clear()
   pairs = scorer.score_ids_with_prefixes(prefix_ids, [0, 1, 1, 2], [[], [], [], []],
                                          tokenizer(TARGETS[:4], add_special_tokens=False)['input_ids'])
-  assert [shape[0] for shape in calls] == [4]  # groups of 1, 2 and 1 rows: one call, 3 prefixes (4 slots)
+  assert [shape[0] for shape in calls] == [4]  # 3 prefixes (4 slots) in one call
   np.testing.assert_allclose(pairs.total, scorer.score([prefixes[g] for g in (0, 1, 1, 2)], TARGETS[:4]),
                              atol=TOL, rtol=0)
   with pytest.raises(ValueError, match='owners must index'):
     scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
 
 
-def test_prefix_groups_pack_into_full_calls():
-  """Ragged groups share calls up to the row budget; none is padded to the largest one."""
-  owners = [0] * 3 + [1] * 20 + [2] * 5 + [3] * 9
-  prefix_lengths = [30, 200, 30, 30]
-  lengths = list(range(len(owners)))
-  calls = scoring.pack_prefix_groups(owners, prefix_lengths, lengths, 16, bucket=lambda n: 32 if n <= 32 else 256)
-  assert all(sum(len(rows) for _, rows in call) <= 16 for call in calls)
-  units = [u for call in calls for u in call]
-  assert sorted(i for _, rows in units for i in rows) == list(range(len(owners)))
-  assert all(owners[i] == g for g, rows in units for i in rows)
-  assert len(calls) == 3  # 37 rows in 3 calls of 16 (a layout of 16 rows per prefix needs 5)
-  assert [g for g, _ in calls[0]][0] == 1  # the long prefix first
+def test_prefix_slots_are_powers_of_two():
   assert [scoring.prefix_slots(n, 16) for n in (1, 2, 3, 5, 9, 17)] == [1, 2, 4, 8, 16, 16]
 
 

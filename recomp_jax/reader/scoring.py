@@ -576,15 +576,15 @@ class CausalScorer(_Scorer):
     prefix_{owners[i]} + suffix_i)``, each prefix encoded once (``prefix_ids`` include BOS).
 
     The batched form of :meth:`score_ids_with_shared_prefix` (e.g. every sentence a filter
-    model could write after its own prompt). Groups (a prefix and its candidates; a group
-    larger than ``batch_size`` is split into units of the same prefix) are packed into
-    compiled calls of ``batch_size`` candidate rows and ``G`` prefixes, ``G`` a power of two
-    (:func:`prefix_slots`); each row gathers its own prefix's cache, so a group of 3 and one
-    of 20 share a call without padding the small one to the large one. Units are packed
-    longest prefix first, so similar prefix lengths share a bucket; prefixes are left-padded
-    to it, so one cache length serves every row. Unused prefix slots and rows are filled
-    with repeats. With a mesh, the ``G`` prefixes are split over the batch axes when they
-    divide evenly (else each device prefills all of them); the rows always are.
+    model could write after its own prompt). Prefixes are taken longest first, in windows of
+    at most ``batch_size``: a window's prefixes are left-padded to the bucket of its longest
+    and prefilled in one call (``G`` slots, a power of two, :func:`prefix_slots`); then every
+    candidate of the window, sorted by length, runs in calls of ``batch_size`` rows, each row
+    gathering its own prefix's cache. So rows of one call pad to similar lengths whatever
+    prefix they continue, and a prefix with 3 candidates costs no more rows than 3. Every
+    cache holds the longest candidate of the run (one cache length: fewer compiled shapes).
+    With a mesh, the ``G`` prefixes are split over the batch axes when they divide evenly
+    (else each device prefills all of them); the rows always are.
     """
     self._check_lengths(suffix_ids, target_ids, 'suffixes')
     self._check_lengths(owners, target_ids, 'owners')
@@ -595,34 +595,40 @@ class CausalScorer(_Scorer):
     if any(len(prefix_ids[g]) == 0 for g in set(owners)):
       raise ValueError('every prefix needs at least one token (BOS)')
     lengths = [len(a) + len(t) for a, t in zip(suffix_ids, target_ids)]
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(owners):
+      members.setdefault(int(g), []).append(i)
+    used = sorted(members, key=lambda g: -len(prefix_ids[g]))
+    row_capacity = self._length(max(lengths))
     graphdef, state = nnx.split(self.model)
     results = []
-    for call in pack_prefix_groups(owners, [len(p) for p in prefix_ids], lengths, self.batch_size,
-                                   bucket=self._length):
-      slots = prefix_slots(len(call), self.batch_size)
-      groups = _fill([g for g, _ in call], slots)
-      members = [(k, i) for k, (_, rows) in enumerate(call) for i in rows]
-      index = np.asarray([i for _, i in members])
-      members = _fill(members, self.batch_size)
-      rows = [i for _, i in members]
-      prefix_len = self._length(max(len(prefix_ids[g]) for g in groups))
-      chunk_len = self._length(max(lengths[i] for i in rows))
-      ids, mask = pad_rows([list(prefix_ids[g]) for g in groups], prefix_len, self.pad_id, left=True)
+    for start in range(0, len(used), self.batch_size):
+      window = used[start:start + self.batch_size]
+      slots = prefix_slots(len(window), self.batch_size)
+      prefix_len = self._length(len(prefix_ids[window[0]]))
+      ids, mask = pad_rows([list(prefix_ids[g]) for g in _fill(window, slots)], prefix_len, self.pad_id, left=True)
       if self.mesh is not None and slots % sharding.batch_shards(self.mesh) == 0:
         ids, mask = self._put((ids, mask))  # each device prefills its share of the prefixes
       elif self.mesh is not None:
         replicated = sharding.replicated(self.mesh)
         ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
                      for x in (ids, mask))
-      prefix = self._run(_prefix_jit, graphdef, state, ids, mask, capacity=prefix_len + chunk_len)
-      suffixes = [list(suffix_ids[i]) for i in rows]
-      targets = [list(target_ids[i]) for i in rows]
-      chunk_ids, chunk_mask = pad_rows([a + t for a, t in zip(suffixes, targets)], chunk_len, self.pad_id)
-      batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
-               'prefix_rows': np.asarray([k for k, _ in members], np.int32),
-               **_targets(targets, [len(a) for a in suffixes], self._slots(max(len(t) for t in targets)))}
-      out = self._run(_continuation_jit, graphdef, state, prefix, self._put(batch), vocab_chunk=self.vocab_chunk)
-      results.append((index, out))
+      prefix = self._run(_prefix_jit, graphdef, state, ids, mask, capacity=prefix_len + row_capacity)
+      slot = {g: k for k, g in enumerate(window)}
+      candidates = [i for g in window for i in members[g]]
+      for order in _batches([lengths[i] for i in candidates], self.batch_size):
+        index = np.asarray([candidates[j] for j in order])
+        rows = _fill(index.tolist(), self.batch_size)
+        suffixes = [list(suffix_ids[i]) for i in rows]
+        targets = [list(target_ids[i]) for i in rows]
+        chunk_ids, chunk_mask = pad_rows([a + t for a, t in zip(suffixes, targets)],
+                                          self._length(max(lengths[i] for i in rows)), self.pad_id)
+        batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
+                 'prefix_rows': np.asarray([slot[owners[i]] for i in rows], np.int32),
+                 **_targets(targets, [len(a) for a in suffixes], self._slots(max(len(t) for t in targets)))}
+        out = self._run(_continuation_jit, graphdef, state, prefix, self._put(batch),
+                        vocab_chunk=self.vocab_chunk)
+        results.append((index, out))
     return _collect(results, len(target_ids))
 
 
@@ -633,40 +639,6 @@ def prefix_slots(groups: int, batch_size: int) -> int:
   while slots < groups:
     slots *= 2
   return min(slots, batch_size)
-
-
-def pack_prefix_groups(owners: Sequence[int], prefix_lengths: Sequence[int], lengths: Sequence[int],
-                       batch_size: int, *, bucket: Callable[[int], int] = lambda n: n
-                       ) -> list[list[tuple[int, list[int]]]]:
-  """Candidates grouped by prefix and packed into calls of at most ``batch_size`` rows.
-
-  Args:
-    owners: ``[N]`` the prefix of each candidate.
-    prefix_lengths: tokens of each prefix; lengths: ``[N]`` tokens of each candidate row.
-    batch_size: rows per call (a group larger than this is split into several units).
-    bucket: the padded length of a prefix. Units are taken longest prefix bucket first, then
-      longest row first, each into the first call with room for it (first fit), so calls
-      fill up and a call's prefixes and rows pad to similar lengths.
-
-  Returns:
-    calls, each a list of ``(prefix, candidate indices)`` units; every candidate is in
-    exactly one unit, in input order within its unit.
-  """
-  groups: dict[int, list[int]] = {}
-  for i, g in enumerate(owners):
-    groups.setdefault(int(g), []).append(i)
-  units = [(g, members[k:k + batch_size]) for g, members in groups.items()
-           for k in range(0, len(members), batch_size)]
-  units.sort(key=lambda u: (-bucket(prefix_lengths[u[0]]), -max(lengths[i] for i in u[1])))
-  calls, rows = [], []
-  for unit in units:  # first fit: into the first call with room for the whole unit
-    k = next((k for k, n in enumerate(rows) if n + len(unit[1]) <= batch_size), len(calls))
-    if k == len(calls):
-      calls.append([])
-      rows.append(0)
-    calls[k].append(unit)
-    rows[k] += len(unit[1])
-  return calls
 
 
 class Seq2SeqScorer(_Scorer):
@@ -725,5 +697,5 @@ class Seq2SeqScorer(_Scorer):
 __all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'LENGTH_BUCKETS',
            'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores',
            'Seq2SeqScorer', 'TARGET_BUCKETS', 'causal_log_likelihood',
-           'continuation_log_likelihood', 'encode_prefix', 'output_head', 'pack_prefix_groups', 'prefix_slots',
+           'continuation_log_likelihood', 'encode_prefix', 'output_head', 'prefix_slots',
            'seq2seq_log_likelihood', 'target_log_probs']
