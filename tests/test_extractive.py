@@ -232,6 +232,16 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   again = pipeline_runner.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values())
   assert again['rows'] == results['rows']
+  # Both runs report what each stage cost when it was computed, from its DONE.json.
+  first_costs = {c['stage']: c for c in results['stage_costs']}
+  assert list(first_costs) == list(results['stage_seconds'])
+  assert all(c['this_run'] and c['seconds'] == results['stage_seconds'][name] and c['peak_resident_gb'] > 0
+             for name, c in first_costs.items())
+  assert [(c['stage'], c['seconds'], c['peak_resident_gb'], c['this_run']) for c in again['stage_costs']] == [
+      (name, c['seconds'], c['peak_resident_gb'], False) for name, c in first_costs.items()]
+  (costs,) = [t for t in again['extra_tables'] if t['title'].startswith('Stage costs')]
+  assert costs['rows'][-1][:2] == ['all stages', f"{sum(c['seconds'] for c in first_costs.values()) / 60:.1f}"]
+  assert '| an earlier run |' in open(os.path.join(config.workdir, 'results.md')).read()
 
 
 def test_a_remote_workdir_computes_in_a_mirror_and_a_fresh_machine_downloads_it(tmp_path, tiny_models):

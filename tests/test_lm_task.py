@@ -220,6 +220,7 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   assert '| evidence | windows | perplexity |' in text and 'evaluated on 6 windows' in text
   again = runner.run(config, workdir)
   assert again['rows'] == results['rows'] and set(again['stage_seconds'].values()) == {0.0}
+  assert [c['stage'] for c in again['stage_costs'] if not c['this_run']] == list(again['stage_seconds'])
 
 
 @pytest.mark.parametrize('field, value, message', [

@@ -44,7 +44,7 @@ from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.data.sentences import build_candidates, build_corpus
 from recomp_jax.evaluation import lm_metrics
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, read_records
+from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, costs_table, read_records
 from recomp_jax.reader import prompts
 
 ROW_NAMES = {
@@ -352,12 +352,13 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
            'evidence_cut': int(r['evidence_cut'])}
           for k, r in records.items()]
   retrieved = summaries['retrieve']
+  costs = runner.costs()
   results = {
       'system': 'lm', 'dataset': config.dataset, 'preset': config.preset, **provenance.git_state(),
       'source_hash': provenance.source_hash(), 'data_hashes': provenance.data_hashes(files),
       'versions': provenance.versions(), 'config': config.to_dict(), 'train_questions': 0, 'seeds': [],
       'n': int(summaries['evaluate']['windows']), 'rows': rows, 'bootstrap': bootstrap(records, config.seed),
-      'main_metric': 'ppl', 'stage_seconds': dict(runner.timings), 'stages': summaries,
+      'main_metric': 'ppl', 'stage_seconds': dict(runner.timings), 'stage_costs': costs, 'stages': summaries,
       'notes': [f"{summaries['windows']['windows']} windows of {config.lm.stride} scored tokens from "
                 f"{summaries['windows']['articles_with_windows']} articles "
                 f"({summaries['windows']['scored_tokens']} tokens); prefix up to {config.lm.max_prefix_tokens} "
@@ -366,6 +367,7 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
                 f"Retrieval: BM25 over {retrieved['corpus_passages']} passages ({config.lm.corpus}); "
                 f"{retrieved['filtered']['dropped'].get('own_article_passage', 0)} passage(s) of a window's own "
                 'article were removed before taking the top passages.'],
+      'extra_tables': [costs_table(costs)],
   }
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
     json.dump(results, f, indent=2, default=str)

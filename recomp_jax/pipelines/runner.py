@@ -30,7 +30,7 @@ from recomp_jax import sharding, storage
 from recomp_jax.compressors.base import Context, System
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import StageRunner
+from recomp_jax.pipelines.stages import StageRunner, costs_table
 
 # config.system -> 'module:class' of its System.
 SYSTEMS = {
@@ -145,6 +145,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.stages import read_records  # pylint: disable=import-outside-toplevel
   config, summaries = ctx.config, ctx.summaries
+  costs = ctx.runner.costs()
   records = read_records(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
   rows, per_example = rows_lib.aggregate_rows(
       records, system.row_keys, name=lambda key: system.row_name(key, config),
@@ -160,7 +161,8 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
       'seeds': seeds, 'n': int(summaries['evaluate']['test_questions']),
       'rows': rows, 'bootstrap': rows_lib.bootstrap_rows(per_example, metric, config.seed,
                                                           system.compared_rows),
-      'main_metric': metric, 'stage_seconds': dict(ctx.runner.timings), 'stages': summaries,
+      'main_metric': metric, 'stage_seconds': dict(ctx.runner.timings), 'stage_costs': costs,
+      'stages': summaries,
       'notes': system.notes(config, summaries), **system.results_fields(config, summaries),
   }
   extra = _recall_table(config, summaries)
@@ -174,13 +176,11 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   extra += system.extra_tables(ctx, records)
   if 'top1' in records:  # selection vs reading failures, per question (evaluation/analysis.py)
     extra.append(analysis.extra_table(analysis.analyse(workdir, baseline='top1')))
-  if extra:
-    results['extra_tables'] = extra
+  extra.append(costs_table(costs))
+  results['extra_tables'] = extra
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
     json.dump(results, f, indent=2, default=str)
   text = report.render_markdown(results, source=os.path.join(workdir, 'results.json'))
-  text += '\n| stage | seconds (this run; 0 = cached) |\n|---|---|\n'
-  text += ''.join(f'| {k} | {v:.0f} |\n' for k, v in ctx.runner.timings.items())
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(text)
   from recomp_jax.training.summaries import MetricWriter  # pylint: disable=import-outside-toplevel

@@ -289,6 +289,18 @@ def map_resumable(path: str, examples: Sequence, compute: Callable[[list], Seque
   return {e.id: out.records[e.id] for e in examples}
 
 
+def costs_table(costs: Sequence[dict]) -> dict:
+  """An extra table of :meth:`~recomp_jax.pipelines.stages.StageRunner.costs`: every stage's
+  time and peak resident memory as recorded when it finished, and the total."""
+  rows = [[c['stage'], f"{c['seconds'] / 60:.1f}",
+           '-' if c['peak_resident_gb'] is None else f"{c['peak_resident_gb']:.1f}",
+           'this run' if c['this_run'] else 'an earlier run'] for c in costs]
+  total = sum(c['seconds'] for c in costs)
+  rows.append(['all stages', f'{total / 60:.1f}', '-', '-'])
+  return {'title': 'Stage costs (the attempt that finished each stage; killed attempts not counted)',
+          'header': ['stage', 'minutes', 'peak resident (GB)', 'finished in'], 'rows': rows}
+
+
 @dataclasses.dataclass
 class StageRunner:
   """Runs named stages in a workdir, skipping the finished ones.
@@ -390,6 +402,23 @@ class StageRunner:
   def summary(self, name: str) -> dict:
     with open(os.path.join(self.stage_dir(name), 'DONE.json')) as f:
       return json.load(f)['summary']
+
+  def costs(self) -> list[dict]:
+    """What each stage this runner met cost, in the order it met them.
+
+    One ``{'stage', 'seconds', 'peak_resident_gb', 'this_run'}`` per stage: the seconds and
+    peak resident set recorded in the stage's ``DONE.json`` when it finished (in this run or
+    an earlier one: ``this_run`` says which). A stage finished after a kill counts only the
+    attempt that finished it; the killed attempts' time is not recorded anywhere.
+    """
+    out = []
+    for name in self.timings:
+      done = self._read_done(name) or {}
+      peak = done.get('peak_resident_bytes')
+      out.append({'stage': name, 'seconds': float(done.get('seconds', self.timings[name])),
+                  'peak_resident_gb': None if peak is None else round(peak / 1e9, 1),
+                  'this_run': self.timings[name] > 0})
+    return out
 
   def run(self, name: str, inputs: Any, fn: Callable[[str], dict], *, deps: Sequence[str] = (),
           code: Sequence[str] = (), resumable: bool = False, collective: bool = True) -> dict:
