@@ -20,7 +20,7 @@ from recomp_jax.data.schema import FilterReport
 from recomp_jax.pipelines import extractive as pipeline
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, map_resumable, read_records
+from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, costs_table, map_resumable, read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,6 +129,45 @@ def test_stage_runner_skips_finished_and_reruns_changed_or_forced(tmp_path):
   assert runner.run('s', {'x': 1}, fn) == {'n': 1} and len(calls) == 1
   assert runner.run('s', {'x': 2}, fn) == {'n': 2}
   assert StageRunner(str(tmp_path), force=('s',)).run('s', {'x': 2}, fn) == {'n': 3}
+
+
+def test_stage_costs_count_the_killed_attempts_a_stage_continued(tmp_path):
+  """A killed attempt is counted from its start to the last file it wrote; an attempt at
+  another fingerprint starts the count afresh."""
+  def killed(d):
+    with open(os.path.join(d, 'part.jsonl'), 'w') as f:
+      f.write('{}\n')
+    raise KeyboardInterrupt
+
+  def finish(d):
+    return {'parts': len(os.listdir(d))}
+
+  def backdate_start(stage, seconds):  # as if the killed attempt had started `seconds` before its last write
+    path = tmp_path / 'stages' / stage / 'STARTED.json'
+    started = json.loads(path.read_text())
+    started['started_at'] = os.path.getmtime(tmp_path / 'stages' / stage / 'part.jsonl') - seconds
+    path.write_text(json.dumps(started))
+
+  for seconds in (100, 50):  # two killed attempts
+    with pytest.raises(KeyboardInterrupt):
+      StageRunner(str(tmp_path)).run('s', {'x': 1}, killed, resumable=True)
+    backdate_start('s', seconds)
+  runner = StageRunner(str(tmp_path))
+  assert runner.run('s', {'x': 1}, finish, resumable=True) == {'parts': 2}  # the partial file and STARTED.json
+  (cost,) = runner.costs()
+  assert cost['this_run'] and 150 <= cost['seconds_all_attempts'] - cost['seconds'] < 151
+  again = StageRunner(str(tmp_path))
+  again.run('s', {'x': 1}, finish, resumable=True)
+  assert again.costs() == [{**cost, 'this_run': False}]
+  table = costs_table(again.costs())
+  assert table['rows'][-1][:3] == ['all stages', f"{cost['seconds'] / 60:.1f}",
+                                   f"{cost['seconds_all_attempts'] / 60:.1f}"]
+  with pytest.raises(KeyboardInterrupt):
+    StageRunner(str(tmp_path)).run('t', {'x': 1}, killed, resumable=True)
+  backdate_start('t', 100)
+  fresh = StageRunner(str(tmp_path))
+  fresh.run('t', {'x': 2}, finish, resumable=True)  # another fingerprint: the directory and the count restart
+  assert fresh.costs()[0]['seconds_all_attempts'] == fresh.costs()[0]['seconds']
 
 
 # ----------------------------------------------------------------------------- tiny models

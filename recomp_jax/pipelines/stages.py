@@ -289,16 +289,33 @@ def map_resumable(path: str, examples: Sequence, compute: Callable[[list], Seque
   return {e.id: out.records[e.id] for e in examples}
 
 
+def unfinished_attempts_seconds(directory: str, started: dict) -> float:
+  """Seconds spent by the killed attempts at a stage that a new attempt continues.
+
+  ``started`` is the ``STARTED.json`` the last attempt wrote: its ``started_at`` and the
+  ``earlier_seconds`` of the attempts before it. The last attempt is counted from its start to
+  the newest file it left in ``directory``, so the time after its last write is not counted
+  (a lower bound). 0 without a ``started_at`` (older code).
+  """
+  earlier = float(started.get('earlier_seconds', 0.0))
+  start = started.get('started_at')
+  if start is None:
+    return earlier
+  newest = max((os.path.getmtime(os.path.join(root, n)) for root, _, files in os.walk(directory)
+                for n in files if n != 'STARTED.json'), default=start)
+  return earlier + max(0.0, newest - start)
+
+
 def costs_table(costs: Sequence[dict]) -> dict:
-  """An extra table of :meth:`~recomp_jax.pipelines.stages.StageRunner.costs`: every stage's
-  time and peak resident memory as recorded when it finished, and the total."""
-  rows = [[c['stage'], f"{c['seconds'] / 60:.1f}",
+  """An extra table of :meth:`StageRunner.costs`: every stage's minutes (the attempt that
+  finished it, and all attempts, killed ones included) and peak resident memory, and the totals."""
+  rows = [[c['stage'], f"{c['seconds'] / 60:.1f}", f"{c['seconds_all_attempts'] / 60:.1f}",
            '-' if c['peak_resident_gb'] is None else f"{c['peak_resident_gb']:.1f}",
            'this run' if c['this_run'] else 'an earlier run'] for c in costs]
-  total = sum(c['seconds'] for c in costs)
-  rows.append(['all stages', f'{total / 60:.1f}', '-', '-'])
-  return {'title': 'Stage costs (the attempt that finished each stage; killed attempts not counted)',
-          'header': ['stage', 'minutes', 'peak resident (GB)', 'finished in'], 'rows': rows}
+  rows.append(['all stages', f"{sum(c['seconds'] for c in costs) / 60:.1f}",
+               f"{sum(c['seconds_all_attempts'] for c in costs) / 60:.1f}", '-', '-'])
+  return {'title': 'Stage costs (minutes of the attempt that finished each stage, and of all its attempts)',
+          'header': ['stage', 'minutes', 'minutes, all attempts', 'peak resident (GB)', 'finished in'], 'rows': rows}
 
 
 @dataclasses.dataclass
@@ -309,12 +326,15 @@ class StageRunner:
     workdir: root of the run.
     force: names of stages to rerun from scratch (``'all'`` for every stage).
     timings: stage name -> seconds of this run (0 for skipped stages).
+    earlier_seconds: stage name -> seconds spent on it by killed earlier attempts that this
+      run continues (:func:`unfinished_attempts_seconds`).
     remote: the remote workdir that ``workdir`` mirrors (:mod:`recomp_jax.storage`), or None.
   """
   workdir: str
   force: tuple[str, ...] = ()
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
   fingerprints: dict[str, str] = dataclasses.field(default_factory=dict)
+  earlier_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   remote: str | None = None
 
   def stage_dir(self, name: str) -> str:
@@ -406,16 +426,20 @@ class StageRunner:
   def costs(self) -> list[dict]:
     """What each stage this runner met cost, in the order it met them.
 
-    One ``{'stage', 'seconds', 'peak_resident_gb', 'this_run'}`` per stage: the seconds and
-    peak resident set recorded in the stage's ``DONE.json`` when it finished (in this run or
-    an earlier one: ``this_run`` says which). A stage finished after a kill counts only the
-    attempt that finished it; the killed attempts' time is not recorded anywhere.
+    One ``{'stage', 'seconds', 'seconds_all_attempts', 'peak_resident_gb', 'this_run'}`` per
+    stage, as the stage's ``DONE.json`` recorded it when it finished (in this run or an
+    earlier one: ``this_run`` says which): the seconds of the attempt that finished it, those
+    plus the killed attempts it continued (:func:`unfinished_attempts_seconds`; stages
+    finished by older code record no killed attempts), and the finishing attempt's peak
+    resident set.
     """
     out = []
     for name in self.timings:
       done = self._read_done(name) or {}
+      seconds = float(done.get('seconds', self.timings[name]))
       peak = done.get('peak_resident_bytes')
-      out.append({'stage': name, 'seconds': float(done.get('seconds', self.timings[name])),
+      out.append({'stage': name, 'seconds': seconds,
+                  'seconds_all_attempts': float(done.get('seconds_all_attempts', seconds)),
                   'peak_resident_gb': None if peak is None else round(peak / 1e9, 1),
                   'this_run': self.timings[name] > 0})
     return out
@@ -466,8 +490,9 @@ class StageRunner:
     seconds = time.time() - start
     self.timings[name] = seconds
     if main:
-      record = {'fingerprint': fp, 'seconds': seconds, 'peak_resident_bytes': peak, 'summary': summary,
-                'manifest': directory_manifest(directory)}
+      record = {'fingerprint': fp, 'seconds': seconds,
+                'seconds_all_attempts': seconds + self.earlier_seconds.get(name, 0.0),
+                'peak_resident_bytes': peak, 'summary': summary, 'manifest': directory_manifest(directory)}
       tmp = os.path.join(directory, 'DONE.json.tmp')
       with open(tmp, 'w') as f:
         json.dump(record, f, default=str, indent=2)
@@ -505,17 +530,21 @@ class StageRunner:
       logging.warning('stage %s: damaged output, recomputing: %s', name, '; '.join(problems))
       os.remove(os.path.join(directory, 'DONE.json'))
     started_file = os.path.join(directory, 'STARTED.json')
-    started = None
+    previous = {}
     if os.path.exists(started_file):
       try:
-        started = json.load(open(started_file)).get('fingerprint')
+        with open(started_file) as f:
+          previous = json.load(f)
       except (OSError, json.JSONDecodeError):
-        started = None
-    if forced or (damaged and not resumable) or (os.path.exists(directory) and started != fp):
+        previous = {}
+    cleared = forced or (damaged and not resumable) or (os.path.exists(directory) and previous.get('fingerprint') != fp)
+    if cleared:
       shutil.rmtree(directory, ignore_errors=True)
+    self.earlier_seconds[name] = 0.0 if cleared or damaged else unfinished_attempts_seconds(directory, previous)
     os.makedirs(directory, exist_ok=True)
     with open(started_file, 'w') as f:
-      json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code)}, f,
+      json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code),
+                 'started_at': time.time(), 'earlier_seconds': self.earlier_seconds[name]}, f,
                 default=str, indent=2)
     if self.remote is not None:  # marks the remote stage (and its checkpoints) as this run's
       storage.upload(directory, self.remote_stage_dir(name), ['STARTED.json'])
