@@ -480,6 +480,24 @@ def test_generator_shares_a_common_prompt_prefix(gemma3):
   assert len(set(texts)) >= 2
 
 
+def test_greedy_generation_batches_prompts_by_length_and_returns_input_order(gemma3):
+  """Greedy: prompts run in batches of similar length (each batch pads to its own bucket) and
+  the texts come back in input order, each equal to the prompt generated alone."""
+  tokenizer = _char_tokenizer()
+  prompts = ['a much longer prompt about the weather at sea', 'ab', 'The quick brown fox jumps',
+             'Hi', 'another long prompt, about mountains and snow', 'xyz q']
+  generator = generation.GemmaGenerator(load_pretrained(gemma3).model, tokenizer, batch_size=2,
+                                        min_shared_prefix=0)
+  shapes = []
+  original = generator.generate_batch
+  generator.generate_batch = lambda ids, mask, rng, **kw: shapes.append(ids.shape) or original(ids, mask, rng, **kw)
+  texts = generator(prompts, max_new_tokens=8, stop_strings=['\n'])
+  alone = generation.GemmaGenerator(generator.model, tokenizer, batch_size=1, min_shared_prefix=0)
+  assert texts == [alone([p], max_new_tokens=8, stop_strings=['\n'])[0] for p in prompts]
+  # batch widths (BOS + characters) before bucketing: in input order they would be 47, 26, 46
+  assert [shape[1] for shape in shapes] == [3, 26, 46]
+
+
 def test_first_token_decides_empty_by_the_total_stop_mass():
   """``empty_threshold``: a row stops at once iff its stop tokens together reach the threshold;
   otherwise its first token is the best (or a sampled) non-stop token. Plain greedy compares
