@@ -326,8 +326,8 @@ def test_shared_prefix_cache_reuse(family):
   _, base = gemma_decoding.prefill(model, prefix, np.ones_like(prefix), base)
   results = []
   for _ in range(2):  # the prefix cache survives being continued (copy before donation)
-    hidden, _ = gemma_decoding.prefill(model, cont, cont_mask, gemma_decoding.copy_cache(base).tile(3),
-                                       return_hidden=True)
+    tiled = gemma_decoding.copy_cache(base).take(jnp.zeros((3,), jnp.int32))
+    hidden, _ = gemma_decoding.prefill(model, cont, cont_mask, tiled, return_hidden=True)
     results.append(np.asarray(hidden))
   ids = np.concatenate([np.repeat(prefix, 3, 0), cont], axis=1)
   mask = np.concatenate([np.ones((3, 9), np.int64), cont_mask], axis=1)

@@ -341,16 +341,10 @@ class DecodeCache:
   def capacity(self) -> int:
     return self.valid.shape[1]
 
-  def tile(self, batch: int) -> 'DecodeCache':
-    """Repeats each row ``batch`` times, in place (``[g0, g0, ..., g1, g1, ...]``): a batch-1
-    cache (a shared prompt prefix) becomes ``batch`` rows, ``G`` prefixes ``G * batch``."""
-    rep = lambda x: jnp.repeat(x, batch, axis=0)
-    return DecodeCache(tuple(map(rep, self.keys)), tuple(map(rep, self.values)), rep(self.valid),
-                       self.length, rep(self.next_position), self.fresh)
-
   def take(self, rows: jax.Array) -> 'DecodeCache':
     """The cache rows ``rows [B]`` (int, repeats allowed): row ``b`` of the result is row
-    ``rows[b]`` of this cache (many continuations of ``G`` prefixes, any number each)."""
+    ``rows[b]`` of this cache (many continuations of ``G`` prefixes, any number each; all
+    zeros: a batch-1 shared prefix becomes ``B`` rows)."""
     def take(x):
       return jnp.take(x, rows, axis=0)
     return DecodeCache(tuple(map(take, self.keys)), tuple(map(take, self.values)), take(self.valid),
