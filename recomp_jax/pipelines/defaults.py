@@ -242,14 +242,24 @@ def abstractive_experiment(dataset: str, preset: str) -> ml_collections.ConfigDi
     # ~540 (NQ) to ~620 (HotpotQA) reader tokens. The 270M base teacher rarely stops by itself
     # (it writes to its cap), so the cap is the compression rate.
     offline_teacher(c, max_tokens=48)
-    # Sized for ~3 h on 2 CPU cores: the 270M teacher answers ~1 prompt of five documents per
-    # 2-4 s, so 600 training questions (dev carved out of them) + the 500 held-out ones.
-    c.data.max_train = 600
+    # The 270M base teacher cannot summarise (its summaries read worse than the documents), so
+    # the critic judges the reader's best candidate sentence instead (beyond the paper); the
+    # teacher summarises the held-out questions only, for its row and the A.5 oracle.
+    # `--config.critic.targets=teacher --config.data.max_train=600 --config.train.epochs=1
+    # --config.train.learning_rate=1e-5 --config.train.warmup_steps=20` is the paper's pipeline
+    # at the size of the first committed runs.
+    c.critic.targets = 'reader_sentence'
+    # Sized for <= 3 h on 2 CPU cores (NQ: 2 h 15 min, see README): the 270M teacher writes a
+    # summary of five documents in ~4 s and the evaluation reads 500 held-out questions with each
+    # row; 200 training questions (dev carved out of them) leave the critic ~40 to train on, so
+    # 3 epochs at 5e-5.
+    c.data.max_train = 200
     c.compressor.max_target_length = 64
     c.compressor.max_new_tokens = 48
-    c.train.epochs = 1.0
+    c.train.epochs = 3.0
+    c.train.learning_rate = 5e-5
     c.train.batch_size = 8
-    c.train.warmup_steps = 20
+    c.train.warmup_steps = 5
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
   elif preset in ('demo', 'ci'):
