@@ -152,3 +152,20 @@ def test_bad_config_is_refused_before_any_work(tmp_path):
     pipeline_runner.run(_config(tmp_path, **{'filco.variant': 'github'}), str(tmp_path))
   with pytest.raises(PipelineError, match='filco.ranked_sentences'):
     pipeline_runner.run(_config(tmp_path, **{'filco.ranked_sentences': 0}), str(tmp_path))
+
+
+def test_filter_epochs_do_not_reach_the_psg_classifier_or_its_fingerprint():
+  """`filter.epochs` trains the filter model only; the PSG classifier, which shares
+  config.filter's other fields, trains `filco.psg_epochs` (default: train.epochs)."""
+  from recomp_jax.pipelines import defaults
+  from recomp_jax.pipelines.filco import training_section
+  from recomp_jax.training.finetune import section_epochs
+  config = defaults.filco_experiment('nq', 'shared')
+  assert config.filter.epochs == 3.0 and config.train.epochs == 1.0
+  assert section_epochs(config, training_section(config, 'filter')) == 3.0
+  assert section_epochs(config, training_section(config, 'psg')) == 1.0
+  assert section_epochs(config, training_section(config, 'generator_full')) == 1.0
+  config.filco.psg_epochs = 2.0
+  psg = training_section(config, 'psg')
+  assert section_epochs(config, psg) == 2.0 and config.filter.epochs == 3.0
+  assert psg.max_source_length == config.filter.max_source_length

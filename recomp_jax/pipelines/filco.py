@@ -34,6 +34,7 @@ import json
 import os
 from typing import Sequence
 
+import ml_collections
 import numpy as np
 
 from recomp_jax.compressors import filco
@@ -204,12 +205,23 @@ def psg_pairs(examples: Sequence[Example], silver: dict[str, dict], top_docs: in
           for e in examples for p, keep in zip(e.ctxs[:top_docs], silver[e.id]['psg_keep'])]
 
 
+def training_section(config, what: str):
+  """The config node a fine-tuning job trains with: ``config.generator`` for a generator,
+  ``config.filter`` for the filter model, and for the PSG classifier ``config.filter`` with
+  ``epochs`` taken from ``config.filco.psg_epochs``."""
+  if what.startswith('generator_'):
+    return config.generator
+  if what == 'psg':
+    return ml_collections.ConfigDict({**config.filter.to_dict(), 'epochs': config.filco.psg_epochs})
+  return config.filter
+
+
 def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -> dict:
   """Fine-tunes the filter model (``what='filter'``), the PSG model (``'psg'``) or a generator
   (``'generator_<kind>'``) on the silver train/dev splits; exports the best to ``model_best``."""
   from recomp_jax.training import finetune  # pylint: disable=import-outside-toplevel
   silver_dir, k = ctx.stage_dir('silver'), config.candidates.top_docs
-  section = config.generator if what.startswith('generator_') else config.filter
+  section = training_section(config, what)
   extra = {}
 
   def pairs(tokenizer):
@@ -226,8 +238,9 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
     extra['empty_targets'] = sum(not y for _, y in out['train'])
     return out['train'], out['dev']
 
-  summary = finetune.finetune_pretrained(config, section, pairs, seed=seed, directory=directory,
-                                         best_name='model_best', probe=lambda tok: training_probe(config, ctx, what, tok))
+  summary = finetune.finetune_pretrained(
+      config, section, pairs, seed=seed, directory=directory, best_name='model_best',
+      probe=lambda tok: training_probe(config, ctx, what, tok))
   return {**summary, **extra, 'what': what}
 
 
@@ -356,7 +369,7 @@ class FilcoSystem(System):
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
     # lexical_against joins the fingerprint only when set, so earlier runs keep theirs.
-    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k not in EVALUATION_ONLY
+    silver_inputs = {'filco': {k: v for k, v in cfg['filco'].items() if k not in EVALUATION_ONLY + ('psg_epochs',)
                                and (k != 'lexical_against' or v != 'output')},
                      'top_docs': config.candidates.top_docs}
     if config.filco.measure == 'cxmi':
@@ -378,6 +391,7 @@ class FilcoSystem(System):
     for seed in config.train.seeds:
       for what in jobs:
         train_fields, model_fields = finetune_inputs(config, 'generator' if what.startswith('generator_') else 'filter')
+        model_fields['epochs'] = training_section(config, what).epochs
         name = f'{what}_seed{seed}'
         inputs = {'train': train_fields, 'model': model_fields, 'mesh': cfg['mesh'], 'seed': seed,
                   'top_docs': config.candidates.top_docs}
