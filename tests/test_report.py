@@ -307,3 +307,62 @@ def test_cli_module_entry_point(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.splitlines() == [f"error: {bad}: field 'dataset': missing"]
   assert 'Traceback' not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- tables over several files
+
+
+def _filco(dataset: str, measure: str, trained: float, ranked: float, full: float, variant: str = 'paper') -> dict:
+  metric = report.main_metric(dataset)
+  rows = [{'key': key, 'name': key, 'em': 0.0, 'f1': 0.0, 'tokens': 1.0, 'n': 100}
+          for key in ('none', 'full', 'trained', 'ranked')]
+  for row, value in zip(rows[1:], (full, trained, ranked)):
+    row[metric] = value
+  return _results(system='filco', dataset=dataset, rows=rows, n=100, train_questions=360, seeds=[0],
+                  config={'filco': {'measure': measure, 'variant': variant}, 'candidates': {'top_docs': 1}})
+
+
+def test_filco_measure_table_exact():
+  runs = [_filco('hotpotqa', 'cxmi', 30.25, 33.0, 35.0), _filco('nq', 'strinc', 29.6, 36.8, 40.4),
+          _filco('nq', 'lexical', 20.0, 21.0, 40.4, variant='released')]
+  text = report.filco_measure_table(runs, ['h.json', 'n.json', 'l.json'])
+  lines = text.splitlines()
+  assert lines[2:8] == [
+      '| measure | NQ (EM) | HotpotQA (F1) |',
+      '|---|---|---|',
+      '| STRINC | 29.6 / 36.8 (FULL 40.4) | not run |',
+      '| LEXICAL | not run | not run |',
+      '| CXMI | not run | 30.2 / 33.0 (FULL 35.0) |',
+      '| LEXICAL (released code) | 20.0 / 21.0 (FULL 40.4) | not run |',
+  ]
+  assert lines[9].startswith('- NQ, STRINC: `n.json` (preset `shared`, 360 training questions, 100 test')
+  assert lines[10].startswith('- NQ, LEXICAL (released code): `l.json`')
+  assert lines[11].startswith('- HotpotQA, CXMI: `h.json`') and len(lines) == 12
+
+
+def test_filco_measure_table_rejects_other_systems_and_shared_cells():
+  with pytest.raises(ValueError, match='x.json: the filco-measures table takes FILCO runs'):
+    report.filco_measure_table([_results()], ['x.json'])
+  with pytest.raises(ValueError, match='b.json and a.json both fill the strinc x nq cell'):
+    report.filco_measure_table([_filco('nq', 'strinc', 1, 2, 3), _filco('nq', 'strinc', 1, 2, 3)],
+                               ['a.json', 'b.json'])
+
+
+def test_multi_file_block_round_trip_and_errors(tmp_path):
+  _write(tmp_path / 'results' / 'nq.json', _filco('nq', 'strinc', 29.6, 36.8, 40.4))
+  _write(tmp_path / 'results' / 'hp.json', _filco('hotpotqa', 'cxmi', 30.0, 33.0, 35.0))
+  readme = tmp_path / 'README.md'
+  spec = 'filco-measures results/nq.json results/hp.json'
+  readme.write_text(f'# p\n\n<!-- report: {spec} -->\nold\n<!-- /report -->\n', encoding='utf-8')
+  assert report.check_readme(readme, root=tmp_path) == [spec]
+  assert report.update_readme(readme, root=tmp_path) is True
+  assert report.check_readme(readme, root=tmp_path) == []
+  runs = [report.load_results(tmp_path / 'results' / f) for f in ('nq.json', 'hp.json')]
+  assert report.filco_measure_table(runs, ['results/nq.json', 'results/hp.json']) in readme.read_text()
+
+  readme.write_text('<!-- report: filco-measures results/nq.json results/gone.json -->\n<!-- /report -->\n')
+  with pytest.raises(ValueError, match='README.md:1: report block file results/gone.json not found'):
+    report.check_readme(readme, root=tmp_path)
+  readme.write_text('<!-- report: no-such-table results/nq.json -->\n<!-- /report -->\n')
+  with pytest.raises(ValueError, match="unknown report table 'no-such-table'"):
+    report.check_readme(readme, root=tmp_path)
