@@ -340,6 +340,11 @@ def test_filco_measure_table_exact():
   assert lines[11].startswith('- HotpotQA, CXMI: `h.json`') and len(lines) == 12
 
 
+def test_filco_measure_order_is_the_compressors_measures():
+  from recomp_jax.compressors import filco
+  assert report.FILCO_MEASURE_ORDER == filco.MEASURES
+
+
 def test_filco_measure_table_rejects_other_systems_and_shared_cells():
   with pytest.raises(ValueError, match='x.json: the filco-measures table takes FILCO runs'):
     report.filco_measure_table([_results()], ['x.json'])

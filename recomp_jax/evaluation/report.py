@@ -222,6 +222,11 @@ def _ratio_cell(row: dict, top5_tokens: float | None) -> str:
   return _fmt(row['tokens'] / top5_tokens, 3)
 
 
+def _find_row(results: dict, key: str) -> dict | None:
+  """The row of ``results`` with ``key``, or ``None``."""
+  return next((r for r in results['rows'] if r['key'] == key), None)
+
+
 def _has_seed_spread(results: dict) -> bool:
   return any(len(_per_seed(r, m)) > 1 for r in results['rows'] for m in _PER_SEED_METRICS)
 
@@ -254,7 +259,7 @@ def describe_run(results: dict, source: str | None = None) -> str:
 
 def lm_rows_table(results: dict) -> list[str]:
   """``| evidence | windows | perplexity | evidence tokens | windows with evidence (%) | tokens / top-1 |``."""
-  top1 = next((r for r in results['rows'] if r['key'] == 'top1'), None)
+  top1 = _find_row(results, 'top1')
   body = []
   for row in results['rows']:
     cells = [_cell(row['name']), str(row['n']), _fmt(row['ppl'], 2), _fmt(row['tokens']),
@@ -272,7 +277,7 @@ def rows_table(results: dict) -> list[str]:
   (the language-modelling task: :func:`lm_rows_table`)."""
   if results['system'] == 'lm':
     return lm_rows_table(results)
-  top5 = next((r for r in results['rows'] if r['key'] == 'top5'), None)
+  top5 = _find_row(results, 'top5')
   top5_tokens = top5['tokens'] if top5 is not None else None
   body = []
   for row in results['rows']:
@@ -337,13 +342,14 @@ def render_markdown(results: dict, *, source: str | None = None) -> str:
 
 # ----------------------------------------------------------------------------- tables over several files
 
+# compressors.filco.MEASURES, spelt out so that this module stays light (a test keeps them equal)
 FILCO_MEASURE_ORDER = ('strinc', 'lexical', 'cxmi')
 FILCO_MEASURE_NAMES = {'strinc': 'STRINC', 'lexical': 'LEXICAL', 'cxmi': 'CXMI'}
 DATASET_NAMES = {'nq': 'NQ', 'tqa': 'TQA', 'hotpotqa': 'HotpotQA', 'fever': 'FEVER', 'wow': 'WoW'}
 
 
 def _row_value(results: dict, key: str, metric: str) -> str:
-  row = next((r for r in results['rows'] if r['key'] == key), None)
+  row = _find_row(results, key)
   return _fmt(row[metric]) if row is not None else '-'
 
 
