@@ -188,6 +188,11 @@ def test_empty_targets_train_the_compressor_to_say_nothing(tmp_path, kind):
   summary, model = pipeline.train_compressor(config, model, tokenizer, pairs, pairs[:4], seed=0,
                                              directory=str(tmp_path / 'train'), export=lambda m: exported.append(1))
   assert summary['steps'] == 30 and exported and summary['best']['metrics']['loss'] < 0.1
+  evaluations = summary['evaluations']  # every dev evaluation is in the summary, not only the best
+  assert [e['step'] for e in evaluations] == [10, 20, 30]
+  losses = [e['metrics']['loss'] for e in evaluations]
+  assert summary['best']['metrics']['loss'] == min(losses)
+  assert evaluations[[e['step'] for e in evaluations].index(summary['best']['step'])]['metrics']['loss'] == min(losses)
   compressor = pipeline.Compressor(model, tokenizer, max_source_length=96, max_new_tokens=8, batch_size=4)
   docs = [[Passage(id='1', title='T', text='some text')]] * 3
   assert compressor.compress(['a?', 'b?', 'c?'], docs) == ['', '', '']

@@ -4,6 +4,8 @@ Loss on target tokens only (checked position by position), equal to a float64 Nu
 reference computed from the same logits, and falling when trained.
 """
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -233,3 +235,15 @@ def test_finetune_section_epochs_override_train_epochs(tmp_path, section_epochs,
                                  directory=str(tmp_path), export=lambda model: None)
   assert summary['steps'] == steps
   assert summary['batch_size'] == 4
+
+
+def test_read_evaluations_orders_by_step_and_keeps_a_reevaluated_steps_last_record(tmp_path):
+  """A resumed fine-tune appends to the same file: a step evaluated twice keeps its later record."""
+  from recomp_jax.training import finetune
+  path = tmp_path / 'evaluations.jsonl'
+  assert finetune.read_evaluations(str(path)) == []
+  records = [{'step': 25, 'metrics': {'loss': 0.09}, 'seconds': {}},
+             {'step': 50, 'metrics': {'loss': 0.08}, 'seconds': {}},
+             {'step': 25, 'metrics': {'loss': 0.07}, 'seconds': {}}]
+  path.write_text('\n'.join(json.dumps(r) for r in records) + '\n\n')
+  assert [(e['step'], e['metrics']['loss']) for e in finetune.read_evaluations(str(path))] == [(25, 0.07), (50, 0.08)]

@@ -111,6 +111,7 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
       loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
   best_file = os.path.join(directory, 'best.json')
   best = json.load(open(best_file)) if os.path.exists(best_file) else None
+  evaluations_file = os.path.join(directory, 'evaluations.jsonl')
 
   def eval_fn(trained, step):
     nonlocal best
@@ -133,6 +134,9 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
       metrics = {**metrics, **probe(trained)}
       seconds['probe'] = lap()
     logging.info('step %d evaluation: %s', step, ', '.join(f'{k} {v:.1f}s' for k, v in seconds.items()))
+    with sharding.open_on_main(evaluations_file, 'a') as f:  # appended: a resumed run keeps the earlier ones
+      f.write(json.dumps({'step': int(step), 'metrics': {k: _number(v) for k, v in metrics.items()},
+                          'seconds': seconds}) + '\n')
     return metrics
 
   train_config = {
@@ -152,8 +156,28 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
              'row_fill': float(arrays['attention_mask'].mean()), 'steps': num_steps, 'batch_size': batch_size,
              'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
-             'final_metrics': result.metrics}
+             'evaluations': read_evaluations(evaluations_file), 'final_metrics': result.metrics}
   return summary, result.state.model()
+
+
+def _number(value):
+  """A scalar metric (Python, NumPy or JAX) as a float for JSON; anything else as it is."""
+  array = np.asarray(value)
+  return float(array) if array.ndim == 0 and np.issubdtype(array.dtype, np.number) else value
+
+
+def read_evaluations(path: str) -> list[dict]:
+  """Every dev evaluation :func:`finetune` logged to ``path`` (``{step, metrics, seconds}``), by
+  step; a step evaluated again after a resume keeps its last record. ``[]`` when none ran."""
+  if not os.path.exists(path):
+    return []
+  by_step = {}
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if line.strip():
+        record = json.loads(line)
+        by_step[record['step']] = record
+  return [by_step[step] for step in sorted(by_step)]
 
 
 def section_epochs(config, section) -> float:
@@ -259,4 +283,5 @@ def drop_checkpoints(directory: str) -> int:
   return freed
 
 
-__all__ = ['TRAIN_FIELDS', 'drop_checkpoints', 'finetune', 'finetune_inputs', 'finetune_pretrained', 'fit_prompt', 'is_seq2seq', 'lm_arrays', 'lm_loss_fn', 'load_section_model']
+__all__ = ['TRAIN_FIELDS', 'drop_checkpoints', 'finetune', 'finetune_inputs', 'finetune_pretrained', 'fit_prompt',
+           'is_seq2seq', 'lm_arrays', 'lm_loss_fn', 'load_section_model', 'read_evaluations']
