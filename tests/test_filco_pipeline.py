@@ -126,6 +126,14 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
     top = retrieved[i]['ctxs'][0]
     assert p['evidence'] == f"{top['title']}\n{top['text']}"
 
+  # Every fine-tune's dev evaluations (one step each here) are in the file, the kept one marked.
+  (evaluations,) = [t for t in results['extra_tables'] if t['title'].startswith('Fine-tuning dev evaluations')]
+  assert sorted(r[0] for r in evaluations['rows']) == sorted(
+      ('filter_seed0', 'psg_seed0', 'generator_full_seed0', 'generator_psg_seed0', 'generator_filco_seed0'))
+  for r in evaluations['rows']:
+    assert r[1] == 1 and r[-1] == 'kept'
+    assert float(r[2]) == pytest.approx(results['stages'][r[0]]['best']['metrics']['loss'], abs=1e-4)
+    assert (r[4] == '-') == (r[0] == 'psg_seed0')
   (table,) = [t for t in results['extra_tables'] if t['title'].startswith('FILCO contexts')]
   cells = {r[0]: r for r in table['rows']}
   assert cells['none'][1] == '100.0' and cells['silver@0'][2] != '-'
@@ -169,3 +177,19 @@ def test_filter_epochs_do_not_reach_the_psg_classifier_or_its_fingerprint():
   psg = training_section(config, 'psg')
   assert section_epochs(config, psg) == 2.0 and config.filter.epochs == 3.0
   assert psg.max_source_length == config.filter.max_source_length
+
+
+def test_evaluations_table_lists_every_evaluation_and_marks_the_kept_step():
+  summaries = {
+      'data': {},
+      'filter_seed0': {'best': {'step': 25}, 'evaluations': [
+          {'step': 25, 'metrics': {'loss': 0.0857, 'accuracy': 0.98, 'qa_em': 6.25, 'qa_f1': 10.9}},
+          {'step': 50, 'metrics': {'loss': 0.0877, 'accuracy': 0.9815, 'qa_em': 9.375, 'qa_f1': 13.2}}]},
+      'psg_seed0': {'best': {'step': 22}, 'evaluations': [{'step': 22, 'metrics': {'loss': 0.3032}}]},
+      'evaluate': {'rows': {}},
+  }
+  (table,) = pipeline_runner.evaluations_table(summaries)
+  assert table['rows'] == [['filter_seed0', 25, '0.0857', '0.9800', '6.2', '10.9', 'kept'],
+                           ['filter_seed0', 50, '0.0877', '0.9815', '9.4', '13.2', ''],
+                           ['psg_seed0', 22, '0.3032', '-', '-', '-', 'kept']]
+  assert pipeline_runner.evaluations_table({'data': {}, 'train_seed0': {'steps': 3}}) == []

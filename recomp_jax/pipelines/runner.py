@@ -117,6 +117,32 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
   return results
 
 
+def evaluations_table(summaries: dict) -> list[dict]:
+  """An extra table of every fine-tuning stage's dev evaluations (``summary['evaluations']``,
+  :func:`recomp_jax.training.finetune.finetune`): step, dev loss (token mean), token accuracy,
+  the reader probe's EM / F1 where the stage has one, and which step was kept (lowest dev loss).
+  ``[]`` when no stage logged any (e.g. an extractive run, or results of older code)."""
+  table_rows = []
+  for name, summary in summaries.items():
+    if not isinstance(summary, dict) or not summary.get('evaluations'):
+      continue
+    best = (summary.get('best') or {}).get('step')
+    for e in summary['evaluations']:
+      m = e['metrics']
+
+      def cell(key, m=m):
+        return f'{m[key]:.4f}' if key in ('loss', 'accuracy') and key in m else (
+            f'{m[key]:.1f}' if key in m else '-')
+      table_rows.append([name, e['step'], cell('loss'), cell('accuracy'), cell('qa_em'), cell('qa_f1'),
+                         'kept' if e['step'] == best else ''])
+  if not table_rows:
+    return []
+  return [{'title': 'Fine-tuning dev evaluations (every evaluation of each stage; the kept step has the '
+                    'lowest dev loss, the probe only monitors)',
+           'header': ['stage', 'step', 'dev loss', 'dev token accuracy', 'probe EM', 'probe F1', 'checkpoint'],
+           'rows': table_rows}]
+
+
 def _recall_table(config, summaries: dict) -> list[dict]:
   retrieve = summaries.get('retrieve', {}).get('test', {})
   k = config.candidates.top_docs
@@ -176,6 +202,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   extra += system.extra_tables(ctx, records)
   if 'top1' in records:  # selection vs reading failures, per question (evaluation/analysis.py)
     extra.append(analysis.extra_table(analysis.analyse(workdir, baseline='top1')))
+  extra += evaluations_table(summaries)
   extra.append(costs_table(costs))
   results['extra_tables'] = extra
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
@@ -196,4 +223,5 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   return results
 
 
-__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'get_system', 'reader_inputs', 'run', 'stage_evaluate', 'write_results']
+__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'get_system', 'reader_inputs', 'run', 'stage_evaluate',
+           'write_results']
