@@ -192,7 +192,7 @@ def test_empty_targets_train_the_compressor_to_say_nothing(tmp_path, kind):
   assert [e['step'] for e in evaluations] == [10, 20, 30]
   losses = [e['metrics']['loss'] for e in evaluations]
   assert summary['best']['metrics']['loss'] == min(losses)
-  assert evaluations[[e['step'] for e in evaluations].index(summary['best']['step'])]['metrics']['loss'] == min(losses)
+  assert {e['step']: e['metrics']['loss'] for e in evaluations}[summary['best']['step']] == min(losses)
   compressor = pipeline.Compressor(model, tokenizer, max_source_length=96, max_new_tokens=8, batch_size=4)
   docs = [[Passage(id='1', title='T', text='some text')]] * 3
   assert compressor.compress(['a?', 'b?', 'c?'], docs) == ['', '', '']

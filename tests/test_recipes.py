@@ -245,5 +245,5 @@ def test_read_evaluations_orders_by_step_and_keeps_a_reevaluated_steps_last_reco
   records = [{'step': 25, 'metrics': {'loss': 0.09}, 'seconds': {}},
              {'step': 50, 'metrics': {'loss': 0.08}, 'seconds': {}},
              {'step': 25, 'metrics': {'loss': 0.07}, 'seconds': {}}]
-  path.write_text('\n'.join(json.dumps(r) for r in records) + '\n\n')
+  path.write_text(''.join(json.dumps(r) + '\n' for r in records) + '{"step": 75, "metr')  # killed mid-write
   assert [(e['step'], e['metrics']['loss']) for e in finetune.read_evaluations(str(path))] == [(25, 0.07), (50, 0.08)]

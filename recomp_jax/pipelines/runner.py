@@ -128,13 +128,9 @@ def evaluations_table(summaries: dict) -> list[dict]:
       continue
     best = (summary.get('best') or {}).get('step')
     for e in summary['evaluations']:
-      m = e['metrics']
-
-      def cell(key, m=m):
-        return f'{m[key]:.4f}' if key in ('loss', 'accuracy') and key in m else (
-            f'{m[key]:.1f}' if key in m else '-')
-      table_rows.append([name, e['step'], cell('loss'), cell('accuracy'), cell('qa_em'), cell('qa_f1'),
-                         'kept' if e['step'] == best else ''])
+      cells = [f'{e["metrics"][key]:{spec}}' if key in e['metrics'] else '-'
+               for key, spec in (('loss', '.4f'), ('accuracy', '.4f'), ('qa_em', '.1f'), ('qa_f1', '.1f'))]
+      table_rows.append([name, e['step'], *cells, 'kept' if e['step'] == best else ''])
   if not table_rows:
     return []
   return [{'title': 'Fine-tuning dev evaluations (every evaluation of each stage; the kept step has the '

@@ -30,6 +30,7 @@ import numpy as np
 from absl import logging
 
 from recomp_jax import sharding, storage
+from recomp_jax.pipelines import stages
 
 
 def is_seq2seq(model) -> bool:
@@ -111,7 +112,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
       loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
   best_file = os.path.join(directory, 'best.json')
   best = json.load(open(best_file)) if os.path.exists(best_file) else None
-  evaluations_file = os.path.join(directory, 'evaluations.jsonl')
+  # every dev evaluation, appended (a resumed run keeps the earlier ones; a kill mid-write is cut off)
+  evaluations = stages.ResumableJsonl(os.path.join(directory, 'evaluations.jsonl'), key='step')
 
   def eval_fn(trained, step):
     nonlocal best
@@ -134,9 +136,8 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
       metrics = {**metrics, **probe(trained)}
       seconds['probe'] = lap()
     logging.info('step %d evaluation: %s', step, ', '.join(f'{k} {v:.1f}s' for k, v in seconds.items()))
-    with sharding.open_on_main(evaluations_file, 'a') as f:  # appended: a resumed run keeps the earlier ones
-      f.write(json.dumps({'step': int(step), 'metrics': {k: _number(v) for k, v in metrics.items()},
-                          'seconds': seconds}) + '\n')
+    evaluations.append({'step': int(step), 'metrics': {k: _number(v) for k, v in metrics.items()},
+                        'seconds': seconds})
     return metrics
 
   train_config = {
@@ -148,15 +149,18 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
                     'schedule': t.schedule, 'weight_decay': t.weight_decay,
                     'clip_grad_norm': t.clip_grad_norm, 'grad_accum_steps': batch_size // micro},
   }
-  result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
-                           eval_fn if dev else None, workdir=directory, mesh=mesh)
+  try:
+    result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
+                             eval_fn if dev else None, workdir=directory, mesh=mesh)
+  finally:
+    evaluations.close()
   if result.preempted:
     raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
   summary = {'examples': len(train), 'dev_examples': len(dev), 'rows': rows, 'packed': pack,
              'row_fill': float(arrays['attention_mask'].mean()), 'steps': num_steps, 'batch_size': batch_size,
              'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
-             'evaluations': read_evaluations(evaluations_file), 'final_metrics': result.metrics}
+             'evaluations': _by_step(evaluations.records), 'final_metrics': result.metrics}
   return summary, result.state.model()
 
 
@@ -166,18 +170,14 @@ def _number(value):
   return float(array) if array.ndim == 0 and np.issubdtype(array.dtype, np.number) else value
 
 
+def _by_step(records: dict[str, dict]) -> list[dict]:
+  return sorted(records.values(), key=lambda r: r['step'])
+
+
 def read_evaluations(path: str) -> list[dict]:
   """Every dev evaluation :func:`finetune` logged to ``path`` (``{step, metrics, seconds}``), by
   step; a step evaluated again after a resume keeps its last record. ``[]`` when none ran."""
-  if not os.path.exists(path):
-    return []
-  by_step = {}
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      if line.strip():
-        record = json.loads(line)
-        by_step[record['step']] = record
-  return [by_step[step] for step in sorted(by_step)]
+  return _by_step(stages.read_records(path, key='step'))
 
 
 def section_epochs(config, section) -> float:
