@@ -15,8 +15,9 @@ export JAX_COMPILATION_CACHE_DIR="$xla_cache" JAX_COMPILATION_CACHE_MAX_SIZE=$((
 # Two workers (2 CPU cores): each test file is one unit; the tests marked end_to_end (whole
 # pipelines with real models, the quickstart notebook among them) run one after another on one
 # worker, never side by side, and start first (tests/conftest.py).
-python3 -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m 'not alone' tests "$@"
+# --durations: the slowest tests, so that the suite's 90-minute CI budget can be watched.
+python3 -m pytest -q -rs --durations=15 -n 2 --dist loadgroup --no-loadscope-reorder -m 'not alone' tests "$@"
 # Then the tests marked alone, in a process of their own with nothing beside them: the allocator's
 # page-fault counts, the two-process training runs (gloo gives up when one process reaches a
 # collective 30 s after the other) and the abstractive notebook (a model server beside a fine-tune).
-python3 -m pytest -q -rs -m alone tests "$@"
+python3 -m pytest -q -rs --durations=5 -m alone tests "$@"
