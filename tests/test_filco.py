@@ -109,8 +109,30 @@ def test_fact_verification_lexical_compares_sentences_with_the_claim():
     silver_records(None, [example], lexical_against='label', **common)
 
 
+def test_generator_pairs_take_the_output_from_the_passages_and_full_needs_no_silver():
+  """Every generator's target is the canonical output (the first gold answer found in the top
+  passages, else the first gold answer); FULL's pairs are the same with or without silver
+  records, so its stage depends on no measure. An example with no answer trains no generator."""
+  from recomp_jax.data.schema import Example
+  from recomp_jax.pipelines.filco import generator_pairs, silver_records
+  paris = Passage('1', 'France', 'France is in Europe. Its capital is Paris.')
+  examples = [Example('q1', 'capital of France?', ['Lutetia', 'Paris'], [paris]),
+              Example('q2', 'where is France?', ['Europe'], [Passage('2', 'Maps', 'No answer here.')]),
+              Example('q3', 'unanswerable?', [], [paris])]
+  silver = {r['id']: r for r in silver_records(None, examples, top_docs=1, measure='strinc', variant='paper',
+                                                 threshold=None)}
+  full = generator_pairs('full', examples, None, 1)
+  assert full == generator_pairs('full', examples, silver, 1)
+  assert full == [('France\nFrance is in Europe. Its capital is Paris.\n\ncapital of France?\nAnswer:',
+                   ' Paris'),
+                  ('Maps\nNo answer here.\n\nwhere is France?\nAnswer:', ' Europe')]
+  assert generator_pairs('filco', examples, silver, 1) == [
+      ('Its capital is Paris.\n\ncapital of France?\nAnswer:', ' Paris'), ('where is France?\nAnswer:', ' Europe')]
+
+
 def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_question():
-  assert filco.filter_prompt('q {docs}?', 'P {query}') == 'Question: q {docs}?\nPassage: P {query}\nMost helpful sentence:'
+  assert (filco.filter_prompt('q {docs}?', 'P {query}')
+          == 'Question: q {docs}?\nPassage: P {query}\nMost helpful sentence:')
   assert filco.generator_prompt('who?', 'ctx') == 'ctx\n\nwho?\nAnswer:'
   assert filco.generator_prompt('who?', '') == 'who?\nAnswer:'
 

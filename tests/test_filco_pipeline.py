@@ -142,14 +142,18 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']
 
   # CXMI silver contexts with the run's reader: the silver stage reruns, scores are log ratios.
-  cxmi = _config(workdir, **tiny, **{'filco.measure': 'cxmi', 'eval.rows': ('none', 'silver')})
+  # FULL depends on no measure: its generator is reused, its row unchanged.
+  cxmi = _config(workdir, **tiny, **{'filco.measure': 'cxmi', 'eval.rows': ('none', 'full', 'silver')})
   cxmi_results = pipeline_runner.run(cxmi, cxmi.workdir)
   assert cxmi_results['stage_seconds']['silver'] > 0
+  assert cxmi_results['stage_seconds']['generator_full_seed0'] == 0.0
+  assert cxmi_results['stage_seconds']['generator_filco_seed0'] > 0
+  assert [r for r in cxmi_results['rows'] if r['key'] == 'full'] == [rows['full']]
   for r in _jsonl(stages / 'silver' / 'train.jsonl'):
     flat = [x for row in r['scores'] for x in row]
     best = max(flat, default=0.0)
     assert (r['silver'] != '') == (best > 0.0)
-  assert {r['key'] for r in cxmi_results['rows']} == {'none', 'silver'}
+  assert {r['key'] for r in cxmi_results['rows']} == {'none', 'full', 'silver'}
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):

@@ -168,8 +168,9 @@ def kept_passages(passages, keep: Sequence[bool]) -> str:
   return prompts.format_documents([p for p, k in zip(passages, keep) if k])
 
 
-def generator_context(kind: str, example: Example, silver: dict, top_docs: int) -> str:
-  """The context a generator of ``kind`` trains on (silver labels, gold answers allowed)."""
+def generator_context(kind: str, example: Example, silver: dict | None, top_docs: int) -> str:
+  """The context a generator of ``kind`` trains on (silver labels, gold answers allowed; FULL
+  reads the passages alone, so its ``silver`` may be None)."""
   passages = example.ctxs[:top_docs]
   if kind == 'full':
     return prompts.format_documents(passages)
@@ -180,12 +181,20 @@ def generator_context(kind: str, example: Example, silver: dict, top_docs: int) 
   raise ValueError(f'unknown generator kind {kind!r}; kinds: {GENERATOR_KINDS}')
 
 
-def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, dict], top_docs: int
+def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, dict] | None, top_docs: int
                     ) -> list[tuple[str, str]]:
-  """``(context ⊕ q, ' o')`` per example with an output (examples without one are skipped, counted by silver)."""
-  return [(filco.generator_prompt(e.question, generator_context(kind, e, silver[e.id], top_docs)),
-           prompts.answer_target(silver[e.id]['output']))
-          for e in examples if silver[e.id]['output']]
+  """``(context ⊕ q, ' o')`` per example with an output (examples without one are skipped, counted by silver).
+
+  The output ``o`` (:func:`filco.canonical_output`) does not depend on the measure, so FULL
+  needs no silver contexts (``silver=None``) and a run with another measure reuses its generator.
+  """
+  pairs = []
+  for e in examples:
+    output = filco.canonical_output(e.answers, e.ctxs[:top_docs])
+    if output:
+      context = generator_context(kind, e, None if silver is None else silver[e.id], top_docs)
+      pairs.append((filco.generator_prompt(e.question, context), prompts.answer_target(output)))
+  return pairs
 
 
 def filter_pairs(tokenizer, examples: Sequence[Example], silver: dict[str, dict], *, top_docs: int,
@@ -220,14 +229,14 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
   """Fine-tunes the filter model (``what='filter'``), the PSG model (``'psg'``) or a generator
   (``'generator_<kind>'``) on the silver train/dev splits; exports the best to ``model_best``."""
   from recomp_jax.training import finetune  # pylint: disable=import-outside-toplevel
-  silver_dir, k = ctx.stage_dir('silver'), config.candidates.top_docs
+  k = config.candidates.top_docs
   section = training_section(config, what)
   extra = {}
 
   def pairs(tokenizer):
     out = {}
     for split in ('train', 'dev'):
-      examples, silver = ctx.examples(split), load_silver(silver_dir, split)
+      examples, silver = ctx.examples(split), silver_for(ctx, what, split)
       if what == 'filter':
         out[split], extra[f'{split}_passages_cut'] = filter_pairs(tokenizer, examples, silver, top_docs=k,
                                                                   budget=section.max_source_length)
@@ -242,6 +251,11 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
       config, section, pairs, seed=seed, directory=directory, best_name='model_best',
       probe=lambda tok: training_probe(config, ctx, what, tok))
   return {**summary, **extra, 'what': what}
+
+
+def silver_for(ctx: Context, what: str, split: str) -> dict[str, dict] | None:
+  """The silver records a training stage reads (None for FULL, which depends on no measure)."""
+  return None if what == 'generator_full' else load_silver(ctx.stage_dir('silver'), split)
 
 
 def training_probe(config, ctx: Context, what: str, tokenizer):
@@ -265,8 +279,8 @@ def training_probe(config, ctx: Context, what: str, tokenizer):
     inputs = filter_inputs(config, tokenizer, examples)
     return lambda model: qa(Reader.from_model(model, tokenizer, generate_batch_size=f.generate_batch_size,
                                               max_new_tokens=f.max_new_tokens).answer(inputs))
-  kind, silver = what.split('_', 1)[1], load_silver(ctx.stage_dir('silver'), 'dev')
-  contexts = [generator_context(kind, e, silver[e.id], k) for e in examples]
+  kind, silver = what.split('_', 1)[1], silver_for(ctx, what, 'dev')
+  contexts = [generator_context(kind, e, None if silver is None else silver[e.id], k) for e in examples]
   r = config.reader
 
   def generator_probe(model):
@@ -397,7 +411,8 @@ class FilcoSystem(System):
                   'top_docs': config.candidates.top_docs}
         ctx.summaries[name] = runner.run(name, inputs,
                                          lambda d, what=what, seed=seed: stage_finetune(config, ctx, what, seed, d),
-                                         deps=('silver',), code=TRAIN_CODE, resumable=True)
+                                         deps=('retrieve',) if what == 'generator_full' else ('silver',),
+                                         code=TRAIN_CODE, resumable=True)
         self.model_dirs[(what, seed)] = os.path.join(ctx.stage_dir(name), 'model_best')
         names.append(name)
     return ('silver',) + tuple(names)
