@@ -253,9 +253,14 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
   return {**summary, **extra, 'what': what}
 
 
+def reads_silver(what: str) -> bool:
+  """Whether a training stage reads the silver stage (FULL does not: it depends on no measure)."""
+  return what != 'generator_full'
+
+
 def silver_for(ctx: Context, what: str, split: str) -> dict[str, dict] | None:
-  """The silver records a training stage reads (None for FULL, which depends on no measure)."""
-  return None if what == 'generator_full' else load_silver(ctx.stage_dir('silver'), split)
+  """The silver records a training stage reads (None where :func:`reads_silver` says it reads none)."""
+  return load_silver(ctx.stage_dir('silver'), split) if reads_silver(what) else None
 
 
 def training_probe(config, ctx: Context, what: str, tokenizer):
@@ -411,7 +416,7 @@ class FilcoSystem(System):
                   'top_docs': config.candidates.top_docs}
         ctx.summaries[name] = runner.run(name, inputs,
                                          lambda d, what=what, seed=seed: stage_finetune(config, ctx, what, seed, d),
-                                         deps=('retrieve',) if what == 'generator_full' else ('silver',),
+                                         deps=('silver',) if reads_silver(what) else ('retrieve',),
                                          code=TRAIN_CODE, resumable=True)
         self.model_dirs[(what, seed)] = os.path.join(ctx.stage_dir(name), 'model_best')
         names.append(name)
