@@ -116,8 +116,34 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
     assert len(r['loglik']) == 1 + len(flat)
     expected = flat[int(np.argmax(r['loglik'][1:]))] if flat else ''
     assert by_row['ranked@0'][i]['evidence'] == expected
-  keep = {r['id']: r['keep'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
+  # PSG (dev_threshold): the log-odds of " yes" over " no" per passage, kept at or above the
+  # threshold with the best F1 against the dev split's silver labels.
+  from recomp_jax.pipelines.filco import keep_threshold
+  from recomp_jax.reader import Reader
+  margins = {r['id']: r['margin'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
+  dev_margins = {r['id']: r['margin'] for r in _jsonl(stages / 'evaluate' / 'psg_dev_seed0.jsonl')}
+  dev_silver = {r['id']: r['psg_keep'] for r in _jsonl(stages / 'silver' / 'dev.jsonl')}
+  assert set(dev_margins) == set(dev_silver)
+  chosen = json.loads((stages / 'evaluate' / 'psg_threshold_seed0.json').read_text())
+  flat = [(m, y) for i in dev_margins for m, y in zip(dev_margins[i], dev_silver[i])]
+  assert keep_threshold(*zip(*flat)) == (chosen['threshold'], chosen['dev_f1'])
+  assert chosen['dev_passages'] == len(flat) and chosen['dev_positive'] == sum(y for _, y in flat)
+  keep = {i: [x >= chosen['threshold'] for x in m] for i, m in margins.items()}
+  # The margins are whole-answer log-likelihood differences under the PSG model.
+  psg_reader = Reader(str(stages / 'psg_seed0' / 'model_best'))
   retrieved = {r['id']: r for r in _jsonl(stages / 'retrieve' / 'test.jsonl')}
+  first = next(iter(margins))
+  from recomp_jax.compressors import filco
+  from recomp_jax.data.schema import Passage
+  top = retrieved[first]['ctxs'][0]
+  prompt = filco.passage_prompt(retrieved[first]['question'],
+                                Passage(id=str(top['id']), title=top['title'], text=top['text']))
+  yes, no = psg_reader.output_loglik([prompt, prompt], [filco.KEEP_WORD, filco.DROP_WORD])
+  assert margins[first][0] == pytest.approx(float(yes - no), abs=1e-3)
+  (decisions,) = [t for t in results['extra_tables'] if t['title'].startswith('PSG passage decisions')]
+  ((row_id, decision, threshold, dev_f1, n, *_),) = decisions['rows']
+  assert (row_id, decision, n) == ('psg@0', 'dev_threshold', 6) and float(threshold) == pytest.approx(
+      chosen['threshold'], abs=1e-3)
   for i, p in by_row['psg@0'].items():
     ctxs = retrieved[i]['ctxs'][:1]
     expected = '\n'.join(f"{c['title']}\n{c['text']}" for c, k in zip(ctxs, keep[i]) if k)
@@ -156,12 +182,27 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   assert {r['key'] for r in cxmi_results['rows']} == {'none', 'full', 'silver'}
 
 
+def test_keep_threshold_maximises_keep_f1_and_prefers_fewer_kept():
+  from recomp_jax.pipelines.filco import keep_threshold
+  # t=2: F1 2/3; t=1 keeps three (two tied at 1.0), two of them positive: F1 4/5; t=-0.5: 4/6.
+  assert keep_threshold([2.0, 1.0, 1.0, -0.5, -3.0], [True, False, True, False, False]) == (1.0, 0.8)
+  # t=3 and t=0 both give F1 2/3: the higher threshold keeps fewer passages.
+  assert keep_threshold([3.0, 2.0, 1.0, 0.0], [True, False, False, True]) == (3.0, pytest.approx(2 / 3))
+  # A classifier that says " no" to everything still ranks: the threshold follows it below 0.
+  assert keep_threshold([-1.0, -2.0, -5.0, -6.0], [True, True, False, False]) == (-2.0, 1.0)
+  assert keep_threshold([0.3, -0.2], [False, False]) == (0.0, None)
+  with pytest.raises(ValueError, match='3 margins for 2 labels'):
+    keep_threshold([1.0, 2.0, 3.0], [True, False])
+
+
 def test_bad_config_is_refused_before_any_work(tmp_path):
   from recomp_jax.pipelines.shared import PipelineError
   with pytest.raises(PipelineError, match='filco.measure'):
     pipeline_runner.run(_config(tmp_path, **{'filco.measure': 'bleu'}), str(tmp_path))
   with pytest.raises(PipelineError, match='filco.variant'):
     pipeline_runner.run(_config(tmp_path, **{'filco.variant': 'github'}), str(tmp_path))
+  with pytest.raises(PipelineError, match='filco.psg_decision'):
+    pipeline_runner.run(_config(tmp_path, **{'filco.psg_decision': 'argmax'}), str(tmp_path))
   with pytest.raises(PipelineError, match='filco.ranked_sentences'):
     pipeline_runner.run(_config(tmp_path, **{'filco.ranked_sentences': 0}), str(tmp_path))
 

@@ -331,6 +331,9 @@ def filco_config() -> ml_collections.ConfigDict:
   # The PSG passage classifier trains on config.filter's fields but for its own epochs
   # (< 0: train.epochs), so a longer-trained filter model does not lengthen the baseline.
   c.filco.psg_epochs = -1.0
+  # How PSG decides per passage: 'dev_threshold' (the log-odds of yes over no against the
+  # threshold with the best keep-F1 on dev) or 'generate' (the greedy answer). Evaluation only.
+  c.filco.psg_decision = 'dev_threshold'
   c.filter = _lm_section(max_source_length=1024, max_target_length=512, max_new_tokens=512)
   c.generator = _lm_section(max_source_length=1024, max_target_length=32, max_new_tokens=32)
   return c

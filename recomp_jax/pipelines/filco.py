@@ -14,7 +14,9 @@ passages (1: the paper's main setting; 5: its Table 5):
 * ``generator_{full,psg,filco}_seed<s>``: ``M_gen`` fine-tuned on ``context ⊕ q -> o``
   (``config.generator``) with the whole passages (FULL), the silver-kept passages (PSG) and
   ``t_silver`` (FILCO);
-* rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG, FILCO (the
+* rows: the zero-shot reader with no retrieval and with the passages, FULL, PSG (the passages
+  the PSG model keeps, by default above a log-odds threshold chosen on dev: ``psg_decisions``),
+  FILCO (the
   FILCO generator reading the filter model's *own* predictions), FILCO ranked (the same
   generator reading the filter model's most likely passage sentence(s),
   :func:`recomp_jax.compressors.filco.ranked_filter` and ``ranked_context``: constrained
@@ -63,7 +65,8 @@ ROW_NAMES = {
 }
 SPLITS = ('train', 'dev', 'test')
 # ``config.filco`` fields no stage reads (the silver fingerprint leaves them out).
-EVALUATION_ONLY = ('questions_per_call', 'ranked_sentences', 'ranked_empty')
+EVALUATION_ONLY = ('questions_per_call', 'ranked_sentences', 'ranked_empty', 'psg_decision')
+PSG_DECISIONS = ('dev_threshold', 'generate')
 
 
 def wanted_rows(config) -> list[str]:
@@ -334,7 +337,8 @@ def filter_ranked(config, model_dir: str, examples: Sequence[Example], out_path:
 
 
 def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[bool]]:
-  """The PSG model's keep/drop decision for every passage of every example (resumable)."""
+  """The PSG model's greedy keep/drop answer for every passage of every example (resumable):
+  ``filco.psg_decision='generate'``."""
   from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
   k = config.candidates.top_docs
   model = functools.cache(lambda: Reader(model_dir, generate_batch_size=config.filter.generate_batch_size,
@@ -347,6 +351,119 @@ def psg_predictions(config, model_dir: str, examples: Sequence[Example], out_pat
 
   records = map_resumable(out_path, examples, decide, chunk=64, desc='passage filter')
   return {i: r['keep'] for i, r in records.items()}
+
+
+def psg_margins(config, model_dir: str, examples: Sequence[Example], out_path: str) -> dict[str, list[float]]:
+  """``log p(' yes' ⊕ EOS | passage prompt) - log p(' no' ⊕ EOS | passage prompt)`` under the PSG
+  model, ``[top_docs]`` per example (resumable; each prompt is encoded once for both answers)."""
+  from recomp_jax.reader import Reader  # pylint: disable=import-outside-toplevel
+  k = config.candidates.top_docs
+  model = functools.cache(lambda: Reader(model_dir, score_batch_size=config.reader.score_batch_size))
+
+  def score(part):
+    texts = [filco.passage_prompt(e.question, p) for e in part for p in e.ctxs[:k]]
+    logliks = iter(model().output_loglik_per_prompt(texts, [[filco.KEEP_WORD, filco.DROP_WORD]] * len(texts)))
+    out = []
+    for e in part:
+      out.append({'margin': [float(yes - no) for yes, no in (next(logliks) for _ in e.ctxs[:k])]})
+    return out
+
+  records = map_resumable(out_path, examples, score, chunk=64, desc='passage filter, log-odds')
+  return {i: r['margin'] for i, r in records.items()}
+
+
+def keep_threshold(margins: Sequence[float], labels: Sequence[bool]) -> tuple[float, float | None]:
+  """The threshold ``t`` (keep a passage when its margin ``>= t``) with the best F1 of the kept
+  passages against ``labels``, and that F1.
+
+  Candidates are the margins themselves; among equal F1 the highest ``t`` wins (fewest kept).
+  With no positive label F1 is undefined: ``(0.0, None)``, the model's own yes-vs-no.
+
+  Args:
+    margins: ``[N]`` log-odds of keeping, one per passage.
+    labels: ``[N]`` the silver keep labels of the same passages.
+  """
+  m, y = np.asarray(margins, np.float64), np.asarray(labels, bool)
+  if m.shape != y.shape:
+    raise ValueError(f'{m.shape[0]} margins for {y.shape[0]} labels')
+  if not y.any():
+    return 0.0, None
+  order = np.argsort(-m, kind='stable')
+  m, y = m[order], y[order]
+  true_pos = np.cumsum(y)
+  last = np.r_[m[1:] != m[:-1], True]  # a threshold keeps every passage tied with it
+  kept = np.arange(1, len(m) + 1)[last]
+  f1 = 2.0 * true_pos[last] / (kept + y.sum())
+  best = int(np.argmax(f1))  # the first maximum: the highest threshold
+  return float(m[last][best]), float(f1[best])
+
+
+def psg_decisions(config, ctx: Context, model_dir: str, examples: Sequence[Example], directory: str,
+                  seed: int) -> dict[str, list[bool]]:
+  """The PSG baseline's keep/drop per passage of the test ``examples`` (``filco.psg_decision``).
+
+  * ``'dev_threshold'`` (default): the PSG model's log-odds of " yes" over " no"
+    (:func:`psg_margins`), kept above the threshold with the best F1 against the dev split's silver
+    labels (:func:`keep_threshold`). The paper does not say how PSG decides; a classifier
+    fine-tuned where few passages hold the output (top-5 on NQ: 20%) learns the prior and
+    answers " no" to every passage, which the threshold corrects.
+  * ``'generate'``: the model's greedy answer (:func:`psg_predictions`), the literal reading.
+
+  Writes ``psg_threshold_seed<seed>.json`` (the threshold and its dev F1) in ``directory``.
+  """
+  if config.filco.psg_decision == 'generate':
+    return psg_predictions(config, model_dir, examples, os.path.join(directory, f'psg_seed{seed}.jsonl'))
+  dev = ctx.examples('dev')
+  dev_silver = load_silver(ctx.stage_dir('silver'), 'dev')
+  dev_margins = psg_margins(config, model_dir, dev, os.path.join(directory, f'psg_dev_seed{seed}.jsonl'))
+  k = config.candidates.top_docs
+  flat = [(m, keep) for e in dev for m, keep in zip(dev_margins[e.id], dev_silver[e.id]['psg_keep'][:k])]
+  threshold, dev_f1 = keep_threshold([m for m, _ in flat], [keep for _, keep in flat])
+  margins = psg_margins(config, model_dir, examples, os.path.join(directory, f'psg_seed{seed}.jsonl'))
+  with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), 'w', encoding='utf-8') as f:
+    json.dump({'threshold': threshold, 'dev_f1': dev_f1, 'dev_passages': len(flat),
+               'dev_positive': sum(keep for _, keep in flat),
+               'dev_kept': sum(m >= threshold for m, _ in flat)}, f, indent=2)
+  return {e.id: [m >= threshold for m in margins[e.id]] for e in examples}
+
+
+def psg_decision_table(config, ctx: Context, seeds: Sequence[int]) -> list[dict]:
+  """The PSG decisions on the test questions against their silver keep labels, per seed."""
+  directory = ctx.stage_dir('evaluate')
+  silver = load_silver(ctx.stage_dir('silver'), 'test')
+  k = config.candidates.top_docs
+  table_rows = []
+  for seed in seeds:
+    path = os.path.join(directory, f'psg_seed{seed}.jsonl')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      records = [json.loads(line) for line in f]
+    threshold, dev_f1 = '-', '-'
+    if records and 'margin' in records[0]:  # dev_threshold; 'generate' stores the answers' keep
+      with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), encoding='utf-8') as f:
+        chosen = json.load(f)
+      threshold = f"{chosen['threshold']:.3f}"
+      dev_f1 = '-' if chosen['dev_f1'] is None else f"{100.0 * chosen['dev_f1']:.1f}"
+      decided = [(m >= chosen['threshold'], keep) for r in records
+                 for m, keep in zip(r['margin'], silver[r['id']]['psg_keep'][:k])]
+    else:
+      decided = [(d, keep) for r in records for d, keep in zip(r['keep'], silver[r['id']]['psg_keep'][:k])]
+    kept = sum(d for d, _ in decided)
+    true_pos = sum(d and keep for d, keep in decided)
+    positive = sum(keep for _, keep in decided)
+    table_rows.append([f'psg@{seed}', config.filco.psg_decision, threshold, dev_f1, len(decided),
+                       f'{100.0 * positive / max(len(decided), 1):.1f}', f'{100.0 * kept / max(len(decided), 1):.1f}',
+                       f'{100.0 * true_pos / kept:.1f}' if kept else '-',
+                       f'{100.0 * true_pos / positive:.1f}' if positive else '-'])
+  if not table_rows:
+    return []
+  return [{'title': 'PSG passage decisions on the test passages against their silver keep labels '
+                    '(dev_threshold: the log-odds of " yes" over " no" against the threshold with the '
+                    'best F1 on dev; generate: the greedy answer)',
+           'header': ['row', 'decision', 'threshold', 'dev F1 (%)', 'test passages', 'silver keep (%)',
+                      'kept (%)', 'precision (%)', 'recall (%)'],
+           'rows': table_rows}]
 
 
 def generator_reader(config, model_dir: str):
@@ -377,6 +494,9 @@ class FilcoSystem(System):
     if config.filco.lexical_against not in ('output', 'query'):
       raise shared.PipelineError("filco.lexical_against must be 'output' or 'query', "
                                  f'got {config.filco.lexical_against!r}')
+    if config.filco.psg_decision not in PSG_DECISIONS:
+      raise shared.PipelineError(f'filco.psg_decision must be one of {PSG_DECISIONS}, '
+                                 f'got {config.filco.psg_decision!r}')
     if config.filco.ranked_sentences < 1:
       raise shared.PipelineError(f'filco.ranked_sentences must be at least 1, got {config.filco.ranked_sentences}')
     if not shared.trains(config):
@@ -425,7 +545,8 @@ class FilcoSystem(System):
   def evaluation_inputs(self, ctx: Context) -> dict:
     cfg = ctx.config.to_dict()
     return {'filter_generation': {k: cfg['filter'][k] for k in ('max_new_tokens', 'max_source_length')},
-            'ranked': {k: cfg['filco'][k] for k in ('ranked_sentences', 'ranked_empty')}}
+            'ranked': {k: cfg['filco'][k] for k in ('ranked_sentences', 'ranked_empty')},
+            'psg_decision': cfg['filco']['psg_decision']}
 
   def rows(self, ctx: Context, examples: Sequence[Example], directory: str) -> list[Row]:
     config = ctx.config
@@ -448,8 +569,7 @@ class FilcoSystem(System):
                         reader=reader_of('full'), prompt=gen))
       if 'psg' in keys:
         def psg_evidence(seed=seed):
-          keep = psg_predictions(config, dirs[('psg', seed)], examples,
-                                 os.path.join(directory, f'psg_seed{seed}.jsonl'))
+          keep = psg_decisions(config, ctx, dirs[('psg', seed)], examples, directory, seed)
           return [kept_passages(e.ctxs[:k], keep[e.id]) for e in examples]
         plan.append(Row(f'psg@{seed}', 'psg', psg_evidence, reader=reader_of('psg'), prompt=gen))
       if 'trained' in keys:
@@ -488,7 +608,7 @@ class FilcoSystem(System):
     return [{'title': 'FILCO contexts (test): % empty, precision of the canonical output in the context '
                       '(Table 3: output words / context words) and context tokens',
              'header': ['row', '% empty context', 'output precision (%)', 'context tokens'],
-             'rows': table_rows}]
+             'rows': table_rows}] + psg_decision_table(ctx.config, ctx, ctx.config.train.seeds)
 
   def notes(self, config, summaries: dict) -> list[str]:
     s = summaries.get('silver', {})
@@ -505,6 +625,6 @@ class FilcoSystem(System):
             'filco': config.to_dict()['filco']}
 
 
-__all__ = ['FilcoSystem', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
-           'generator_pairs', 'psg_pairs',
+__all__ = ['FilcoSystem', 'PSG_DECISIONS', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
+           'generator_pairs', 'keep_threshold', 'psg_decisions', 'psg_margins', 'psg_pairs', 'psg_predictions',
            'silver_records', 'stage_finetune', 'stage_silver']
