@@ -403,8 +403,8 @@ def psg_decisions(config, ctx: Context, model_dir: str, examples: Sequence[Examp
   """The PSG baseline's keep/drop per passage of the test ``examples`` (``filco.psg_decision``).
 
   * ``'dev_threshold'`` (default): the PSG model's log-odds of " yes" over " no"
-    (:func:`psg_margins`), kept above the threshold with the best F1 against the dev split's silver
-    labels (:func:`keep_threshold`). The paper does not say how PSG decides; a classifier
+    (:func:`psg_margins`), kept at or above the threshold with the best F1 against the dev
+    split's silver labels (:func:`keep_threshold`). The paper does not say how PSG decides; a classifier
     fine-tuned where few passages hold the output (top-5 on NQ: 20%) learns the prior and
     answers " no" to every passage, which the threshold corrects.
   * ``'generate'``: the model's greedy answer (:func:`psg_predictions`), the literal reading.
