@@ -129,6 +129,8 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   assert keep_threshold(*zip(*flat)) == (chosen['threshold'], chosen['dev_f1'])
   assert chosen['dev_passages'] == len(flat) and chosen['dev_positive'] == sum(y for _, y in flat)
   keep = {i: [x >= chosen['threshold'] for x in m] for i, m in margins.items()}
+  from recomp_jax.pipelines.filco import load_psg_keep
+  assert load_psg_keep(str(stages / 'evaluate'), 0) == (keep, chosen)
   # The margins are whole-answer log-likelihood differences under the PSG model.
   psg_reader = Reader(str(stages / 'psg_seed0' / 'model_best'))
   retrieved = {r['id']: r for r in _jsonl(stages / 'retrieve' / 'test.jsonl')}
@@ -193,6 +195,20 @@ def test_keep_threshold_maximises_keep_f1_and_prefers_fewer_kept():
   assert keep_threshold([0.3, -0.2], [False, False]) == (0.0, None)
   with pytest.raises(ValueError, match='3 margins for 2 labels'):
     keep_threshold([1.0, 2.0, 3.0], [True, False])
+
+
+def test_load_psg_keep_reads_either_decision(tmp_path):
+  from recomp_jax.pipelines.filco import load_psg_keep
+  assert load_psg_keep(str(tmp_path), 0) == ({}, None)
+  # dev_threshold: margins at or above the stored threshold are kept.
+  (tmp_path / 'psg_seed0.jsonl').write_text(
+      json.dumps({'id': 'a', 'margin': [-2.5, -2.0, 0.1]}) + '\n' + json.dumps({'id': 'b', 'margin': [-3.0]}) + '\n')
+  (tmp_path / 'psg_threshold_seed0.json').write_text(json.dumps({'threshold': -2.0, 'dev_f1': 0.5}))
+  assert load_psg_keep(str(tmp_path), 0) == ({'a': [False, True, True], 'b': [False]},
+                                             {'threshold': -2.0, 'dev_f1': 0.5})
+  # generate: the stored greedy answers, no threshold.
+  (tmp_path / 'psg_seed1.jsonl').write_text(json.dumps({'id': 'a', 'keep': [True, False]}) + '\n')
+  assert load_psg_keep(str(tmp_path), 1) == ({'a': [True, False]}, None)
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):

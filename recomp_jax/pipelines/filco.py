@@ -419,12 +419,32 @@ def psg_decisions(config, ctx: Context, model_dir: str, examples: Sequence[Examp
   k = config.candidates.top_docs
   flat = [(m, keep) for e in dev for m, keep in zip(dev_margins[e.id], dev_silver[e.id]['psg_keep'][:k])]
   threshold, dev_f1 = keep_threshold([m for m, _ in flat], [keep for _, keep in flat])
-  margins = psg_margins(config, model_dir, examples, os.path.join(directory, f'psg_seed{seed}.jsonl'))
+  psg_margins(config, model_dir, examples, os.path.join(directory, f'psg_seed{seed}.jsonl'))
   with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), 'w', encoding='utf-8') as f:
     json.dump({'threshold': threshold, 'dev_f1': dev_f1, 'dev_passages': len(flat),
                'dev_positive': sum(keep for _, keep in flat),
                'dev_kept': sum(m >= threshold for m, _ in flat)}, f, indent=2)
-  return {e.id: [m >= threshold for m in margins[e.id]] for e in examples}
+  keep, _ = load_psg_keep(directory, seed)
+  return {e.id: keep[e.id] for e in examples}
+
+
+def load_psg_keep(directory: str, seed: int) -> tuple[dict[str, list[bool]], dict | None]:
+  """The PSG keep/drop per passage that :func:`psg_decisions` stored in ``directory`` for ``seed``.
+
+  Returns ``({id: [top_docs] keep}, chosen)``: with ``'dev_threshold'`` a passage is kept when its
+  stored margin is at or above the stored threshold and ``chosen`` is the threshold file's record;
+  with ``'generate'`` the stored greedy answers and ``None``. ``({}, None)`` when nothing is stored.
+  """
+  path = os.path.join(directory, f'psg_seed{seed}.jsonl')
+  if not os.path.exists(path):
+    return {}, None
+  with open(path, encoding='utf-8') as f:
+    records = [json.loads(line) for line in f]
+  if not records or 'margin' not in records[0]:  # 'generate' stores the answers' keep
+    return {r['id']: r['keep'] for r in records}, None
+  with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), encoding='utf-8') as f:
+    chosen = json.load(f)
+  return {r['id']: [m >= chosen['threshold'] for m in r['margin']] for r in records}, chosen
 
 
 def psg_decision_table(config, ctx: Context, seeds: Sequence[int]) -> list[dict]:
@@ -434,24 +454,18 @@ def psg_decision_table(config, ctx: Context, seeds: Sequence[int]) -> list[dict]
   k = config.candidates.top_docs
   table_rows = []
   for seed in seeds:
-    path = os.path.join(directory, f'psg_seed{seed}.jsonl')
-    if not os.path.exists(path):
+    keep, chosen = load_psg_keep(directory, seed)
+    if not keep:
       continue
-    with open(path, encoding='utf-8') as f:
-      records = [json.loads(line) for line in f]
     threshold, dev_f1 = '-', '-'
-    if records and 'margin' in records[0]:  # dev_threshold; 'generate' stores the answers' keep
-      with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), encoding='utf-8') as f:
-        chosen = json.load(f)
+    if chosen is not None:
       threshold = f"{chosen['threshold']:.3f}"
       dev_f1 = '-' if chosen['dev_f1'] is None else f"{100.0 * chosen['dev_f1']:.1f}"
-      decided = [(m >= chosen['threshold'], keep) for r in records
-                 for m, keep in zip(r['margin'], silver[r['id']]['psg_keep'][:k])]
-    else:
-      decided = [(d, keep) for r in records for d, keep in zip(r['keep'], silver[r['id']]['psg_keep'][:k])]
+    decided = [(d, label) for i, decisions in keep.items()
+               for d, label in zip(decisions, silver[i]['psg_keep'][:k])]
     kept = sum(d for d, _ in decided)
-    true_pos = sum(d and keep for d, keep in decided)
-    positive = sum(keep for _, keep in decided)
+    true_pos = sum(d and label for d, label in decided)
+    positive = sum(label for _, label in decided)
     table_rows.append([f'psg@{seed}', config.filco.psg_decision, threshold, dev_f1, len(decided),
                        f'{100.0 * positive / max(len(decided), 1):.1f}', f'{100.0 * kept / max(len(decided), 1):.1f}',
                        f'{100.0 * true_pos / kept:.1f}' if kept else '-',
@@ -626,5 +640,5 @@ class FilcoSystem(System):
 
 
 __all__ = ['FilcoSystem', 'PSG_DECISIONS', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
-           'generator_pairs', 'keep_threshold', 'psg_decisions', 'psg_margins', 'psg_pairs', 'psg_predictions',
-           'silver_records', 'stage_finetune', 'stage_silver']
+           'generator_pairs', 'keep_threshold', 'load_psg_keep', 'psg_decisions', 'psg_margins', 'psg_pairs',
+           'psg_predictions', 'silver_records', 'stage_finetune', 'stage_silver']
