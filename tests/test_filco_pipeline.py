@@ -211,6 +211,21 @@ def test_load_psg_keep_reads_either_decision(tmp_path):
   assert load_psg_keep(str(tmp_path), 1) == ({'a': [True, False]}, None)
 
 
+def test_stage_readers_name_the_file_and_line_of_a_damaged_record(tmp_path):
+  """A stage file cut mid-line (a disk filled, a copy stopped) is a DataError naming file and
+  line, not a bare JSONDecodeError from deep inside a later stage."""
+  from recomp_jax.data.schema import DataError
+  from recomp_jax.pipelines.filco import load_psg_keep, load_silver
+  (tmp_path / 'psg_seed0.jsonl').write_text(json.dumps({'id': 'a', 'keep': [True]}) + '\n{"id": "b", "ke\n')
+  with pytest.raises(DataError, match=r'psg_seed0\.jsonl:2'):
+    load_psg_keep(str(tmp_path), 0)
+  (tmp_path / 'test.jsonl').write_text('\n'.join([json.dumps({'id': 'a', 'silver': ''}), '', '[1,']) + '\n')
+  with pytest.raises(DataError, match=r'test\.jsonl:3'):
+    load_silver(str(tmp_path), 'test')
+  (tmp_path / 'dev.jsonl').write_text(json.dumps({'id': 'a', 'silver': 'x'}) + '\n\n')
+  assert load_silver(str(tmp_path), 'dev') == {'a': {'id': 'a', 'silver': 'x'}}
+
+
 def test_bad_config_is_refused_before_any_work(tmp_path):
   from recomp_jax.pipelines.shared import PipelineError
   with pytest.raises(PipelineError, match='filco.measure'):
