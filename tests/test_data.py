@@ -204,6 +204,33 @@ def test_truncated_gzip_is_a_data_error_naming_the_file(tmp_path):
     list(formats.iter_jsonl(path))
 
 
+def test_stage_files_name_the_damaged_line(tmp_path):
+  """Every stage's by-id reader (candidates, labels, silver, teacher, critic) goes through
+  ``shared.load_labels``: a line cut mid-record or a record without an id is a DataError naming
+  file and line, and blank lines are skipped."""
+  from recomp_jax.pipelines import shared
+  (tmp_path / 'train.jsonl').write_text('\n'.join([
+      json.dumps({'id': 'q0', 'candidates': ['a.', 'b.']}), '', json.dumps({'id': 'q1', 'candidates': []})]))
+  assert shared.load_candidates(str(tmp_path), 'train') == {'q0': ['a.', 'b.'], 'q1': []}
+  (tmp_path / 'dev.jsonl').write_text(json.dumps({'id': 'q0'}) + '\n' + json.dumps({'question': 'x'}) + '\n')
+  with pytest.raises(DataError, match=r"dev\.jsonl:2: field 'id': missing") as info:
+    shared.load_labels(str(tmp_path), 'dev')
+  assert info.value.line == 2 and info.value.field == 'id'
+  (tmp_path / 'test.jsonl').write_text(json.dumps({'id': 'q0', 'candidates': []}) + '\n{"id": "q1", "cand')
+  with pytest.raises(DataError, match=r'test\.jsonl:2: invalid JSON'):
+    shared.load_candidates(str(tmp_path), 'test')
+
+
+def test_read_json_names_file_line_and_column(tmp_path):
+  path = tmp_path / 'best.json'
+  path.write_text('{"step": 10,\n "loss": }')
+  with pytest.raises(DataError) as info:
+    formats.read_json(path)
+  assert str(info.value) == f'{path}:2: invalid JSON (Expecting value at column 10)'
+  path.write_text('{"step": 10, "loss": 0.5}')
+  assert formats.read_json(path) == {'step': 10, 'loss': 0.5}
+
+
 def test_corpus_errors(tmp_path):
   path = _write_lines(tmp_path / 'corpus.jsonl', [
       {'id': 'a', 'title': 'A', 'text': 'alpha'}, {'id': 'b', 'title': 'B'}])

@@ -224,6 +224,13 @@ def test_stage_readers_name_the_file_and_line_of_a_damaged_record(tmp_path):
     load_silver(str(tmp_path), 'test')
   (tmp_path / 'dev.jsonl').write_text(json.dumps({'id': 'a', 'silver': 'x'}) + '\n\n')
   assert load_silver(str(tmp_path), 'dev') == {'a': {'id': 'a', 'silver': 'x'}}
+  # the dev-threshold decision: margins per passage and the chosen threshold beside them
+  (tmp_path / 'psg_seed1.jsonl').write_text(json.dumps({'id': 'a', 'margin': [-1.0, 0.5]}) + '\n')
+  (tmp_path / 'psg_threshold_seed1.json').write_text('{"threshold": 0.0,\n "dev_f1": ')
+  with pytest.raises(DataError, match=r'psg_threshold_seed1\.json:2: invalid JSON'):
+    load_psg_keep(str(tmp_path), 1)
+  (tmp_path / 'psg_threshold_seed1.json').write_text('{"threshold": 0.0}')
+  assert load_psg_keep(str(tmp_path), 1) == ({'a': [False, True]}, {'threshold': 0.0})
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):

@@ -100,6 +100,20 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     yield lineno, rec
 
 
+def read_json(path: str | os.PathLike) -> Any:
+  """The JSON value in the file ``path`` (a stage's threshold or best-checkpoint record).
+
+  Raises:
+    DataError: the file is not valid JSON; its message names file, line and column.
+  """
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(path, e.lineno, None, f'invalid JSON ({e.msg} at column {e.colno})') from None
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> int:
   """Writes dicts one per line (gzip when ``path`` ends in .gz); returns the count."""
   n = 0

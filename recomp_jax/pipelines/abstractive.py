@@ -200,8 +200,8 @@ def _local_model_id(model: str) -> str:
 
 
 def load_teacher(directory: str, split: str) -> dict[str, list[str | None]]:
-  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
-    return {r['id']: r['samples'] for r in map(json.loads, f)}
+  """The teacher stage's summary samples of ``split`` by question id (see :func:`shared.load_labels`)."""
+  return {i: r['samples'] for i, r in shared.load_labels(directory, split).items()}
 
 
 # ----------------------------------------------------------------------------- reader sentences
@@ -281,8 +281,8 @@ def stage_critic(config, ctx: Context, samples_dir: str, directory: str) -> dict
 
 
 def load_critic(directory: str, split: str) -> dict[str, dict]:
-  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
-    return {r['id']: r for r in map(json.loads, f)}
+  """The critic stage's records of ``split`` by question id (see :func:`shared.load_labels`)."""
+  return shared.load_labels(directory, split)
 
 
 # ----------------------------------------------------------------------------- compressor
@@ -564,8 +564,8 @@ class AbstractiveSystem(System):
     oracle_path = os.path.join(ctx.stage_dir('evaluate'), 'oracle.jsonl')  # written by rows()
     oracle_empty = None
     if os.path.exists(oracle_path):
-      with open(oracle_path, encoding='utf-8') as f:
-        oracle_empty = {r['id']: not r['use_summary'] for r in map(json.loads, f)}
+      oracle_empty = {i: not r['use_summary']
+                      for i, r in shared.load_labels(ctx.stage_dir('evaluate'), 'oracle').items()}
     table_rows = []
     for row_id in rows_lib.table_order(records, ROW_KEYS):
       r = records[row_id]

@@ -33,6 +33,7 @@ from absl import logging
 from recomp_jax import sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.compressors.base import Context, System
+from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.evaluation import rows as rows_lib
@@ -256,9 +257,8 @@ def stage_pairs(config, retrieve_dir: str, cand_dir: str, label_dir: str, models
 
 
 def _read_pairs(path: str) -> list[extractive.TrainingPair]:
-  with open(path, encoding='utf-8') as f:
-    return [extractive.TrainingPair(r['id'], r['question'], r['positive'], tuple(r['negatives']))
-            for r in map(json.loads, f)]
+  return [extractive.TrainingPair(r['id'], r['question'], r['positive'], tuple(r['negatives']))
+          for _, r in formats.iter_jsonl(path)]
 
 
 def _listwise_examples(retrieve_dir: str, cand_dir: str, label_dir: str, split: str,
@@ -329,7 +329,7 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   dev_ll = [dev_labels[e.id]['loglik'] for e in dev]
   best_dir = os.path.join(directory, 'encoder_best')
   best_file = os.path.join(directory, 'best.json')
-  best = json.load(open(best_file)) if os.path.exists(best_file) else None
+  best = formats.read_json(best_file) if os.path.exists(best_file) else None
   base_metrics = extractive.reranked_accuracy(
       extractive.rank_candidates(base, dev_questions, dev_cands), dev_ll)
   probe = QaProbe(lambda: models.reader, probe_examples(dev, t.eval_qa_examples))
@@ -565,8 +565,7 @@ class ExtractiveSystem(System):
             os.replace(path + '.tmp', path)
           thresholds[seed] = json.loads(json.dumps(tuned))  # as a resumed run reads it
         else:
-          with open(path) as f:
-            thresholds[seed] = json.load(f)
+          thresholds[seed] = formats.read_json(path)
 
     def row(row_id, key, make_rank=lambda: None, threshold=None):
       return Row(row_id, key, lambda: build_evidence(

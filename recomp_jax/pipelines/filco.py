@@ -41,7 +41,7 @@ import numpy as np
 
 from recomp_jax.compressors import filco
 from recomp_jax.compressors.base import Context, System
-from recomp_jax.data.formats import iter_jsonl
+from recomp_jax.data.formats import iter_jsonl, read_json
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
@@ -148,7 +148,7 @@ def stage_silver(config, ctx: Context, directory: str) -> dict:
 
 def load_silver(directory: str, split: str) -> dict[str, dict]:
   """The silver stage's records of ``split`` by id; a damaged line raises ``DataError`` naming it."""
-  return {r['id']: r for _, r in iter_jsonl(os.path.join(directory, f'{split}.jsonl'))}
+  return shared.load_labels(directory, split)
 
 
 # ----------------------------------------------------------------------------- training pairs
@@ -442,8 +442,7 @@ def load_psg_keep(directory: str, seed: int) -> tuple[dict[str, list[bool]], dic
   records = [r for _, r in iter_jsonl(path)]
   if not records or 'margin' not in records[0]:  # 'generate' stores the answers' keep
     return {r['id']: r['keep'] for r in records}, None
-  with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), encoding='utf-8') as f:
-    chosen = json.load(f)
+  chosen = read_json(os.path.join(directory, f'psg_threshold_seed{seed}.json'))
   return {r['id']: [m >= chosen['threshold'] for m in r['margin']] for r in records}, chosen
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from recomp_jax import sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.data import formats
-from recomp_jax.data.schema import Example, FilterReport
+from recomp_jax.data.schema import DataError, Example, FilterReport
 from recomp_jax.data.sentences import build_candidates
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.pipelines.stages import StageRunner
@@ -132,14 +132,24 @@ def read_examples(path: str) -> list[Example]:
   return list(formats.read_examples(path, 'dpr'))
 
 
-def load_candidates(directory: str, split: str) -> dict[str, list[str]]:
-  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
-    return {r['id']: r['candidates'] for r in map(json.loads, f)}
-
-
 def load_labels(directory: str, split: str) -> dict[str, dict]:
-  with open(os.path.join(directory, f'{split}.jsonl'), encoding='utf-8') as f:
-    return {r['id']: r for r in map(json.loads, f)}
+  """A stage's records of ``split`` (``<directory>/<split>.jsonl``) by their ``id``.
+
+  Raises:
+    DataError: a damaged line, or a record without an ``id``; the message names file and line.
+  """
+  path = os.path.join(directory, f'{split}.jsonl')
+  out = {}
+  for lineno, record in formats.iter_jsonl(path):
+    if not isinstance(record, dict) or 'id' not in record:
+      raise DataError(path, lineno, 'id', 'missing (every stage record has one)')
+    out[record['id']] = record
+  return out
+
+
+def load_candidates(directory: str, split: str) -> dict[str, list[str]]:
+  """The candidates stage's sentences of ``split`` by question id (see :func:`load_labels`)."""
+  return {i: r['candidates'] for i, r in load_labels(directory, split).items()}
 
 
 def input_files(config) -> list[str]:

@@ -30,6 +30,7 @@ import numpy as np
 from absl import logging
 
 from recomp_jax import sharding, storage
+from recomp_jax.data import formats
 from recomp_jax.pipelines import stages
 
 
@@ -111,7 +112,7 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   dev_loss = train_lib.make_loss_evaluator(
       loss_fn, lambda: train_lib.ArrayIterator(dev_arrays, dev_batch, shuffle=False, num_epochs=1), mesh)
   best_file = os.path.join(directory, 'best.json')
-  best = json.load(open(best_file)) if os.path.exists(best_file) else None
+  best = formats.read_json(best_file) if os.path.exists(best_file) else None
   # every dev evaluation, appended (a resumed run keeps the earlier ones; a kill mid-write is cut off)
   evaluations = stages.ResumableJsonl(os.path.join(directory, 'evaluations.jsonl'), key='step')
 
