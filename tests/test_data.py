@@ -361,6 +361,25 @@ def test_split_train_dev_deterministic():
     formats.split_train_dev(exs, 1.0, seed=0)
 
 
+def test_take_subset_first_or_seeded_and_in_file_order():
+  """A file ordered by question type (HotpotQA's IRCoT sample: no yes/no question among its
+  first 250) gives ``max_train=200`` one type with 'first' and both with 'shuffled'."""
+  exs = [Example(f'e{i}', f'q{i}', ['yes' if i >= 250 else f'a{i}']) for i in range(400)]
+  first = formats.take_subset(exs, 200, 'first', seed=0)
+  assert first == exs[:200] and not any(e.answers == ['yes'] for e in first)
+  shuffled = formats.take_subset(exs, 200, 'shuffled', seed=0)
+  assert len({e.id for e in shuffled}) == 200
+  assert [int(e.id[1:]) for e in shuffled] == sorted(int(e.id[1:]) for e in shuffled)
+  assert 50 < sum(e.answers == ['yes'] for e in shuffled) < 100  # 150 of 400 are yes/no: ~75 expected
+  assert formats.take_subset(exs, 200, 'shuffled', seed=0) == shuffled
+  assert formats.take_subset(exs, 200, 'shuffled', seed=1) != shuffled
+  for how in formats.TRAIN_SUBSETS:  # 0 or a pool no larger than n: every example, in order
+    assert formats.take_subset(exs, 0, how, seed=0) == exs
+    assert formats.take_subset(exs, 400, how, seed=0) == exs
+  with pytest.raises(ValueError, match='data.train_subset'):
+    formats.take_subset(exs, 10, 'random', seed=0)
+
+
 def test_read_hf_converters(monkeypatch):
   datasets = pytest.importorskip('datasets', reason='needs the datasets package')
   rows = {

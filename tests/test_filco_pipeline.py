@@ -243,6 +243,8 @@ def test_bad_config_is_refused_before_any_work(tmp_path):
     pipeline_runner.run(_config(tmp_path, **{'filco.psg_decision': 'argmax'}), str(tmp_path))
   with pytest.raises(PipelineError, match='filco.ranked_sentences'):
     pipeline_runner.run(_config(tmp_path, **{'filco.ranked_sentences': 0}), str(tmp_path))
+  with pytest.raises(PipelineError, match='data.train_subset'):
+    pipeline_runner.run(_config(tmp_path, **{'data.train_subset': 'random'}), str(tmp_path))
 
 
 def test_filter_epochs_do_not_reach_the_psg_classifier_or_its_fingerprint():

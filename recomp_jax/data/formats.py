@@ -538,6 +538,27 @@ def read_hf(name: str, split: str, *, config: str | None = None, limit: int | No
 # ----------------------------------------------------------------------------- splits
 
 
+TRAIN_SUBSETS = ('first', 'shuffled')
+
+
+def take_subset(examples: Sequence[Example], n: int, how: str, seed: int) -> list[Example]:
+  """``n`` of ``examples`` (all of them when ``n`` is 0 or at least their number).
+
+  ``how='first'``: the first ``n`` in file order. ``how='shuffled'``: ``n`` chosen by a
+  permutation from ``numpy.random.default_rng(seed)`` and returned in file order, for files
+  ordered by question type (HotpotQA's IRCoT sample puts its 80 yes/no questions after the
+  first 250), where the first ``n`` would hold one type only.
+  """
+  if how not in TRAIN_SUBSETS:
+    raise ValueError(f"data.train_subset must be one of {TRAIN_SUBSETS}, got {how!r}")
+  if not n or n >= len(examples):
+    return list(examples)
+  if how == 'first':
+    return list(examples[:n])
+  chosen = np.sort(np.random.default_rng(seed).permutation(len(examples))[:n])
+  return [examples[i] for i in chosen]
+
+
 def split_train_dev(examples: Sequence[Example], dev_fraction: float,
                     seed: int) -> tuple[list[Example], list[Example]]:
   """Deterministic random split; both parts keep the input order.

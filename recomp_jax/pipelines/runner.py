@@ -28,6 +28,7 @@ from typing import Sequence
 
 from recomp_jax import sharding, storage
 from recomp_jax.compressors.base import Context, System
+from recomp_jax.data import formats
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.stages import StageRunner, costs_table
@@ -89,6 +90,9 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
     module_name, function_name = TASKS[config.system].split(':')
     return getattr(importlib.import_module(module_name), function_name)(config, workdir)
   system = get_system(config.system)
+  if config.data.train_subset not in formats.TRAIN_SUBSETS:
+    raise shared.PipelineError(f'data.train_subset must be one of {formats.TRAIN_SUBSETS}, '
+                               f'got {config.data.train_subset!r}')
   system.validate(config)
   remote = None
   if storage.is_remote(workdir) or local_workdir:

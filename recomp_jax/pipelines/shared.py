@@ -195,8 +195,7 @@ def stage_data(config, directory: str) -> dict:
       test = list(formats.read_examples(data.eval_path, data.flavour, report=report))
       if data.max_eval:
         test = test[:data.max_eval]
-    if data.max_train:
-      examples = examples[:data.max_train]
+    examples = formats.take_subset(examples, data.max_train, data.train_subset, config.seed)
     train, dev = formats.split_train_dev(examples, data.dev_fraction, config.seed)
     sources = {'train': data.train_path, 'test': data.eval_path}
   elif data.source == 'hf':
