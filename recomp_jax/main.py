@@ -47,7 +47,7 @@ IGNORED_UNLESS = {
     'data.train_path': ('data.source', ('jsonl',)),
     'data.eval_path': ('data.source', ('jsonl',)),
     'data.holdout_tail': ('data.source', ('jsonl',)),
-    'data.train_subset': ('data.source', ('jsonl',)),
+    'data.train_subset': ('data.source', ('jsonl', 'hf')),
     'data.hf_name': ('data.source', ('hf',)),
     'data.hf_config': ('data.source', ('hf',)),
     'data.hf_train_split': ('data.source', ('hf',)),

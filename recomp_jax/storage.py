@@ -117,7 +117,7 @@ def exists(path: str) -> bool:
   return _epath(path).exists() if is_remote(path) else os.path.exists(path)
 
 
-def read_json(path: str) -> dict | None:
+def read_json_or_none(path: str) -> dict | None:
   """The JSON object at ``path``, or None when it is missing or unreadable."""
   try:
     return json.loads(_epath(path).read_text())
@@ -204,5 +204,5 @@ def download_top_files(remote_dir: str, local_dir: str) -> list[str]:
 
 
 __all__ = ['download_top_files', 'download_tree', 'durable_path', 'exists', 'is_remote', 'join', 'mirror_root',
-           'read_json', 'register_mirror', 'remote_of', 'remove_tree', 'tree_size',
+           'read_json_or_none', 'register_mirror', 'remote_of', 'remove_tree', 'tree_size',
            'unregister_mirror', 'upload', 'upload_tree']

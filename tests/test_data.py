@@ -229,6 +229,13 @@ def test_read_json_names_file_line_and_column(tmp_path):
   assert str(info.value) == f'{path}:2: invalid JSON (Expecting value at column 10)'
   path.write_text('{"step": 10, "loss": 0.5}')
   assert formats.read_json(path) == {'step': 10, 'loss': 0.5}
+  # the in-graph tokenizers read tokenizer_config.json the same way ({} when it is absent)
+  from recomp_jax.data import tf_input  # pylint: disable=import-outside-toplevel
+  config = tmp_path / 'tokenizer_config.json'
+  assert tf_input._read_json(str(config)) == {}  # pylint: disable=protected-access
+  config.write_text('{"model_max_length": }')
+  with pytest.raises(DataError, match='tokenizer_config.json:1: invalid JSON'):
+    tf_input._read_json(str(config))  # pylint: disable=protected-access
 
 
 def test_corpus_errors(tmp_path):
@@ -413,6 +420,29 @@ def test_read_hf_converters(monkeypatch):
     formats.read_hf('kilt_tasks', 'validation')
   assert calls == [('nq_open', None, 'validation'), ('trivia_qa', 'rc.nocontext', 'validation'),
                    ('hotpot_qa', 'distractor', 'validation'), ('facebook/kilt_tasks', 'fever', 'validation')]
+
+
+def test_hub_train_split_honours_train_subset(monkeypatch, tmp_path):
+  """``data.source=hf``: 'first' stops at max_train rows; 'shuffled' draws from the whole split."""
+  datasets = pytest.importorskip('datasets', reason='needs the datasets package')
+  from recomp_jax.pipelines import defaults, shared  # pylint: disable=import-outside-toplevel
+  rows = [{'question': f'q{i}', 'answer': [f'a{i}']} for i in range(40)]
+  monkeypatch.setattr(datasets, 'load_dataset', lambda path, config, split, cache_dir=None: rows)
+
+  def kept_rows(subset):
+    config = defaults.filco_experiment('nq', 'ci')
+    config.data.source, config.data.hf_name = 'hf', 'nq_open'
+    config.data.max_train, config.data.max_eval, config.data.dev_fraction = 8, 2, 0.0
+    config.data.train_subset = subset
+    directory = tmp_path / subset
+    directory.mkdir()
+    counts = shared.stage_data(config, str(directory))
+    assert (counts['train'], counts['test']) == (8, 2)
+    return [int(rec['id'].rsplit('-', 1)[1]) for _, rec in formats.iter_jsonl(directory / 'train.jsonl')]
+
+  assert kept_rows('first') == list(range(8))
+  shuffled = kept_rows('shuffled')
+  assert shuffled == sorted(set(shuffled)) and len(shuffled) == 8 and max(shuffled) >= 8
 
 
 def test_read_hf_offline_is_clear():

@@ -23,12 +23,12 @@ TensorFlow is imported lazily and kept off accelerators (JAX owns them).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from recomp_jax.data import formats
 from recomp_jax.data.iterators import EpochBatchPosition, epoch_order
 
 
@@ -49,10 +49,8 @@ def _tf():
 
 
 def _read_json(path: str) -> dict:
-  if not os.path.exists(path):
-    return {}
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  """The tokenizer's JSON config at ``path`` ({} when absent); a damaged one is a ``DataError``."""
+  return formats.read_json(path) if os.path.exists(path) else {}
 
 
 class _InGraphTokenizer:

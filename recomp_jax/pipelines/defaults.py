@@ -31,8 +31,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.hf_eval_split = 'validation'
   c.data.dev_fraction = 0.1
   c.data.max_train = 0  # 0 = all
-  # which max_train examples of a jsonl file train: 'first' (file order) or 'shuffled' (a seeded
-  # random subset, kept in file order; for files ordered by question type, e.g. HotpotQA's)
+  # which max_train examples of a jsonl file or hub split train: 'first' (file order) or
+  # 'shuffled' (a seeded random subset, kept in file order; for files ordered by question type,
+  # e.g. HotpotQA's; on the hub it reads the whole split first)
   c.data.train_subset = 'first'
   c.data.max_eval = 0
   c.data.demo_train = 0

@@ -199,8 +199,11 @@ def stage_data(config, directory: str) -> dict:
     train, dev = formats.split_train_dev(examples, data.dev_fraction, config.seed)
     sources = {'train': data.train_path, 'test': data.eval_path}
   elif data.source == 'hf':
+    # 'first' stops reading at max_train; 'shuffled' draws from the whole split.
+    first_only = data.train_subset == 'first' and data.max_train
     examples = formats.read_hf(data.hf_name, data.hf_train_split, config=data.hf_config or None,
-                               limit=data.max_train or None, report=report)
+                               limit=data.max_train if first_only else None, report=report)
+    examples = formats.take_subset(examples, data.max_train, data.train_subset, config.seed)
     train, dev = formats.split_train_dev(examples, data.dev_fraction, config.seed)
     test = formats.read_hf(data.hf_name, data.hf_eval_split, config=data.hf_config or None,
                            limit=data.max_eval or None, report=report)

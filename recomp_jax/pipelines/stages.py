@@ -349,8 +349,8 @@ class StageRunner:
     """Process 0: a finished remote stage with this fingerprint replaces a missing or stale
     local one; a remote stage with another fingerprint (or a forced one) is deleted."""
     remote = self.remote_stage_dir(name)
-    done = storage.read_json(storage.join(remote, 'DONE.json'))
-    started = storage.read_json(storage.join(remote, 'STARTED.json'))
+    done = storage.read_json_or_none(storage.join(remote, 'DONE.json'))
+    started = storage.read_json_or_none(storage.join(remote, 'STARTED.json'))
     remote_fp = (done or started or {}).get('fingerprint')
     if remote_fp is None:
       return
@@ -372,7 +372,7 @@ class StageRunner:
     files at the top of the workdir."""
     remote = self.remote_stage_dir(name)
     if finished:
-      done = storage.read_json(storage.join(remote, 'DONE.json'))
+      done = storage.read_json_or_none(storage.join(remote, 'DONE.json'))
       local = self._read_done(name) or {}
       if done is not None and done.get('manifest') == local.get('manifest') \
           and done.get('fingerprint') == local.get('fingerprint'):
@@ -395,7 +395,7 @@ class StageRunner:
     if self.remote is None or sharding.is_main_process():
       return
     remote = self.remote_stage_dir(name)
-    done = storage.read_json(storage.join(remote, 'DONE.json'))
+    done = storage.read_json_or_none(storage.join(remote, 'DONE.json'))
     if done is not None and done == self._read_done(name) \
         and not manifest_problems(directory, done.get('manifest', {})):
       return  # this machine's mirror has it already
