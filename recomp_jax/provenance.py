@@ -13,7 +13,7 @@ import platform
 import subprocess
 from typing import Sequence
 
-from recomp_jax.pipelines.stages import file_fingerprint, fingerprint, module_source_hash
+from recomp_jax.stages import file_fingerprint, fingerprint, module_source_hash
 
 PACKAGE_ROOT = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(PACKAGE_ROOT)

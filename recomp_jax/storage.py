@@ -9,7 +9,7 @@ GCS object cannot be appended to. So a remote workdir is **mirrored**:
   ``~/.cache/recomp_jax/workdirs/``, one per remote workdir and process, or the directory
   given with ``--local_workdir``);
 * a finished stage is uploaded file by file, its ``DONE.json`` last, so a remote stage with a
-  ``DONE.json`` is complete (:meth:`recomp_jax.pipelines.stages.StageRunner` does this);
+  ``DONE.json`` is complete (:meth:`recomp_jax.stages.StageRunner` does this);
 * a rerun on a fresh machine downloads each finished stage whose fingerprint matches instead
   of computing it, and checks it against the stage's manifest as it does any local stage;
 * training checkpoints go straight to the remote workdir (Orbax writes ``gs://`` natively,

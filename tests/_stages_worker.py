@@ -35,7 +35,7 @@ def main() -> int:
   from jax.experimental import multihost_utils
 
   from recomp_jax import sharding, storage
-  from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner
+  from recomp_jax.stages import ResumableJsonl, StageRunner
 
   if args.remote:
     runner = StageRunner(storage.mirror_root(args.remote, args.workdir,

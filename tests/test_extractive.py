@@ -20,7 +20,7 @@ from recomp_jax.data.schema import FilterReport
 from recomp_jax.pipelines import extractive as pipeline
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, costs_table, map_resumable, read_records
+from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, map_resumable, read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -331,7 +331,7 @@ sys.path.insert(0, {repo!r})
 from recomp_jax.compressors import extractive
 from recomp_jax.pipelines import extractive as pipeline
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import StageRunner
+from recomp_jax.stages import StageRunner
 import tests.test_extractive as t
 real = extractive.loglik_labels
 def paced(*a, **k):
@@ -547,7 +547,7 @@ def test_stage_runner_chains_dependency_fingerprints(tmp_path):
 
 
 def test_stage_fingerprint_follows_the_code_it_runs(tmp_path, monkeypatch):
-  from recomp_jax.pipelines import stages
+  from recomp_jax import stages
   runner = StageRunner(str(tmp_path))
   calls = []
   runner.run('s', {}, lambda d: calls.append(1) or {}, code=('recomp_jax.reader.prompts',))
@@ -561,7 +561,7 @@ def test_stage_fingerprint_follows_the_code_it_runs(tmp_path, monkeypatch):
 
 
 def test_code_digest_ignores_documentation_and_layout_only():
-  from recomp_jax.pipelines.stages import code_digest
+  from recomp_jax.stages import code_digest
   source = ('"""Module doc."""\n\nX = 1\n\n\nclass A:\n  """Class doc."""\n\n  def f(self, y):\n'
             '    """Method doc."""\n    return y + X  # comment\n\n\ndef g():\n  return "not a docstring" + f"{X}"\n')
   documented = ('"""Another module doc,\nover two lines."""\n# a comment\nX = 1\nclass A:\n'

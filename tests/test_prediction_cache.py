@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import file_fingerprint
+from recomp_jax.stages import file_fingerprint
 from recomp_jax.reader import Reader
 from recomp_jax.reader.prediction_cache import PredictionCache, reader_key
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from recomp_jax import storage
-from recomp_jax.pipelines.stages import StageRunner
+from recomp_jax.stages import StageRunner
 
 
 def _tree(root):

@@ -24,6 +24,7 @@ import dataclasses
 import os
 from typing import Any, ClassVar, Sequence
 
+from recomp_jax.data import stage_records
 from recomp_jax.data.schema import Example
 from recomp_jax.evaluation.rows import Row
 
@@ -34,7 +35,7 @@ class Context:
 
   Attributes:
     config: the resolved ``ml_collections`` config.
-    runner: the :class:`recomp_jax.pipelines.stages.StageRunner` of the workdir.
+    runner: the :class:`recomp_jax.stages.StageRunner` of the workdir.
     resources: the run's models (:class:`recomp_jax.pipelines.shared.Resources`).
     summaries: stage name -> summary of every stage that has run (head stages first).
   """
@@ -48,13 +49,11 @@ class Context:
 
   def examples(self, split: str) -> list[Example]:
     """The ``split`` examples with their retrieved (and reranked) documents."""
-    from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
-    return shared.read_examples(os.path.join(self.stage_dir('retrieve'), f'{split}.jsonl'))
+    return stage_records.read_examples(os.path.join(self.stage_dir('retrieve'), f'{split}.jsonl'))
 
   def candidates(self, split: str) -> dict[str, list[str]]:
     """``{example id: candidate sentences}`` of ``split`` (``'dev_all'``: dev, uncapped)."""
-    from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
-    return shared.load_candidates(self.stage_dir('candidates'), split)
+    return stage_records.load_candidates(self.stage_dir('candidates'), split)
 
 
 class System(abc.ABC):

@@ -24,7 +24,7 @@ from absl import logging
 from recomp_jax.data.schema import Example
 from recomp_jax.data.sentences import format_candidate, split_sentences
 from recomp_jax.evaluation import qa_metrics
-from recomp_jax.pipelines.stages import ResumableJsonl
+from recomp_jax.stages import ResumableJsonl
 from recomp_jax.reader import prompts
 
 SHARED_ROW_KEYS = ('none', 'top1', 'top5', 'lead', 'gold')

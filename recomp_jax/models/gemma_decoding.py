@@ -1,7 +1,7 @@
 """Compiled prefill, decode steps and text generation for :mod:`recomp_jax.models.gemma`.
 
 :func:`generate` runs prompt prefill and the whole token loop
-(:func:`recomp_jax.models.generation.decode_loop`) inside one ``jax.jit``: the model
+(:func:`recomp_jax.models.decoding.decode_loop`) inside one ``jax.jit``: the model
 crosses the boundary as ``nnx.split`` state (its graph definition is a static
 argument), sampling settings are static, and prompts are left-padded to a
 length bucket so different prompt lengths share compilations. Nothing returns
@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from recomp_jax.data.buckets import bucket_length
-from recomp_jax.models import generation
+from recomp_jax.models import decoding
 from recomp_jax.models.gemma import DecodeCache, GemmaModel
 
 
@@ -42,7 +42,7 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, stop_mask, *, sam
   cache = model.init_cache(batch, prompt_len + sampling.max_new_tokens)
   first_logits, cache = model.prefill(input_ids, attention_mask, cache)
   step = lambda tokens, cache, _: model.decode_step(tokens, cache)
-  return generation.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
+  return decoding.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
                               sampling=sampling, pad_id=pad_id)
 
 
@@ -57,7 +57,7 @@ def _generate_from_prefix(graphdef, state, prefix_ids, prefix_mask, input_ids, a
   _, prefix = model.prefill(prefix_ids, prefix_mask, prefix)
   first_logits, cache = model.prefill(input_ids, attention_mask, prefix.take(jnp.zeros((batch,), jnp.int32)))
   step = lambda tokens, cache, _: model.decode_step(tokens, cache)
-  return generation.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
+  return decoding.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,
                                 sampling=sampling, pad_id=pad_id)
 
 
@@ -82,7 +82,7 @@ def eos_stop_mask(model: GemmaModel, extra_ids: Sequence[int] = ()) -> np.ndarra
 
 
 def generate(model: GemmaModel, input_ids, attention_mask=None, *,
-             sampling: generation.SamplingConfig, stop_mask=None, rng: jax.Array | None = None,
+             sampling: decoding.SamplingConfig, stop_mask=None, rng: jax.Array | None = None,
              pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Generates continuations of left-padded prompts.
 
@@ -113,7 +113,7 @@ def generate(model: GemmaModel, input_ids, attention_mask=None, *,
 
 
 def generate_from_prefix(model: GemmaModel, prefix_ids: Sequence[int], input_ids, attention_mask, *,
-                         sampling: generation.SamplingConfig, stop_mask, rng: jax.Array,
+                         sampling: decoding.SamplingConfig, stop_mask, rng: jax.Array,
                          pad_id: int) -> tuple[jax.Array, jax.Array]:
   """:func:`generate` for prompts that all start with ``prefix_ids``, prefilled once.
 
@@ -145,7 +145,7 @@ def _prefill_and_sample(graphdef, state, input_ids, attention_mask, keys, temper
   cache = model.init_cache(input_ids.shape[0], capacity)
   logits, cache = model.prefill(input_ids, attention_mask, cache)
   step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
-  return generation.sample_rows(logits, step_keys, temperature, top_p), cache
+  return decoding.sample_rows(logits, step_keys, temperature, top_p), cache
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'steps'), donate_argnames=('cache',),
@@ -158,7 +158,7 @@ def _decode_and_sample(graphdef, state, cache, tokens, first_step, keys, tempera
     tokens, cache, out = carry
     logits, cache = model.decode_step(tokens, cache)
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, first_step + i)
-    tokens = generation.sample_rows(logits, step_keys, temperature, top_p)
+    tokens = decoding.sample_rows(logits, step_keys, temperature, top_p)
     return tokens, cache, out.at[:, i].set(tokens)
 
   out = jnp.zeros((tokens.shape[0], steps), jnp.int32)

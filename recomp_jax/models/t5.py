@@ -32,7 +32,8 @@ import numpy as np
 from flax import nnx
 
 from recomp_jax.data.buckets import bucket_length
-from recomp_jax.models import generation, layers
+from recomp_jax.models import decoding
+from recomp_jax.models import layers
 from recomp_jax.pretrained.hf import TensorSource, WeightSpec, linear
 from recomp_jax.pretrained.spec import ModelFamily
 
@@ -552,14 +553,14 @@ def default_stop_mask(config: T5Config, tokenizer=None, stop_strings: Sequence[s
   """``[V]`` bool: the config's EOS id(s) plus tokens whose text contains a stop string."""
   if stop_strings and tokenizer is None:
     raise ValueError('stop_strings need a tokenizer to find the tokens that contain them')
-  return generation.stop_token_mask(tokenizer, config.vocab_size, stop_strings,
+  return decoding.stop_token_mask(tokenizer, config.vocab_size, stop_strings,
                                   eos_ids=config.eos_token_ids)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'sampling', 'pad_id'))
 def _generate(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
               attention_mask: jax.Array, stop_mask: jax.Array, rng: jax.Array, *,
-              sampling: generation.SamplingConfig, pad_id: int) -> tuple[jax.Array, jax.Array]:
+              sampling: decoding.SamplingConfig, pad_id: int) -> tuple[jax.Array, jax.Array]:
   model = nnx.merge(graphdef, state)
   batch = input_ids.shape[0]
   encoder_hidden = model.encode(input_ids, attention_mask)
@@ -572,11 +573,11 @@ def _generate(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
     logits, decode_state = model.decode_step(tokens[:, None], decode_state, step + 1)
     return logits[:, 0], decode_state
 
-  return generation.decode_loop(step_fn, decode_state, first_logits[:, 0], rng=rng,
+  return decoding.decode_loop(step_fn, decode_state, first_logits[:, 0], rng=rng,
                               stop_mask=stop_mask, sampling=sampling, pad_id=pad_id)
 
 
-def generate(model: T5Model, input_ids, attention_mask, *, sampling: generation.SamplingConfig,
+def generate(model: T5Model, input_ids, attention_mask, *, sampling: decoding.SamplingConfig,
              stop_mask=None, rng: jax.Array | None = None, pad_id: int | None = None,
              bucket: bool = True) -> tuple[jax.Array, jax.Array]:
   """Encodes ``input_ids`` and samples up to ``sampling.max_new_tokens`` tokens, all in one jit.

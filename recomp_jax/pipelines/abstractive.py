@@ -42,7 +42,7 @@ from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import map_resumable
+from recomp_jax.stages import map_resumable
 from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
@@ -448,7 +448,6 @@ class AbstractiveSystem(System):
     return inputs
 
   def stages(self, ctx: Context) -> tuple[str, ...]:
-    from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
     config, runner = ctx.config, ctx.runner
     self.train_dirs: dict[int, str] = {}
     teacher_inputs = self._teacher_inputs(config)
@@ -459,13 +458,13 @@ class AbstractiveSystem(System):
     if not shared.trains(config):
       return ('teacher',)
     source = 'teacher'
-    critic_inputs = reader_inputs(config)
+    critic_inputs = shared.reader_inputs(config)
     if config.critic.both_wrong != 'drop':  # the paper's rule keeps the fingerprint of earlier runs
       critic_inputs['both_wrong'] = config.critic.both_wrong
     if config.critic.targets == 'reader_sentence':
       source = 'sentence_targets'
       critic_inputs['targets'] = config.critic.targets
-      sentence_inputs = {**reader_inputs(config), 'chunk': config.label.questions_per_call}
+      sentence_inputs = {**shared.reader_inputs(config), 'chunk': config.label.questions_per_call}
       ctx.summaries[source] = runner.run(source, sentence_inputs,
                                          lambda d: stage_sentence_targets(config, ctx, d),
                                          deps=('candidates',), code=SENTENCE_TARGET_CODE, resumable=True)

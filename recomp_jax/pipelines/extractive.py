@@ -41,7 +41,7 @@ from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 from recomp_jax.pipelines.shared import Resources
-from recomp_jax.pipelines.stages import map_resumable
+from recomp_jax.stages import map_resumable
 from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
@@ -482,12 +482,11 @@ class ExtractiveSystem(System):
     self.train_dirs: dict[str, dict[int, str]] = {}
     if not shared.trains(config):
       return ()
-    from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
     cfg = config.to_dict()
     dirs = {n: ctx.stage_dir(n) for n in ('retrieve', 'candidates', 'label', 'pairs')}
     encoder_inputs = self._encoder_inputs(config)
     ctx.summaries['label'] = runner.run(
-        'label', {**reader_inputs(config), 'signal': config.label.signal},
+        'label', {**shared.reader_inputs(config), 'signal': config.label.signal},
         lambda d: stage_label(config, dirs['retrieve'], dirs['candidates'], models, d),
         deps=('candidates',), code=LABEL_CODE, resumable=True)
     ctx.summaries['pairs'] = runner.run(

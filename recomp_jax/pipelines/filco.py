@@ -47,7 +47,7 @@ from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import map_resumable
+from recomp_jax.stages import map_resumable
 from recomp_jax.reader import prompts
 
 SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.compressors.extractive',
@@ -516,7 +516,6 @@ class FilcoSystem(System):
       raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
 
   def stages(self, ctx: Context) -> tuple[str, ...]:
-    from recomp_jax.pipelines.runner import reader_inputs  # pylint: disable=import-outside-toplevel
     from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
@@ -525,7 +524,7 @@ class FilcoSystem(System):
                                and (k != 'lexical_against' or v != 'output')},
                      'top_docs': config.candidates.top_docs}
     if config.filco.measure == 'cxmi':
-      silver_inputs.update(reader_inputs(config))
+      silver_inputs.update(shared.reader_inputs(config))
     ctx.summaries['silver'] = runner.run('silver', silver_inputs, lambda d: stage_silver(config, ctx, d),
                                          deps=('retrieve',), code=SILVER_CODE, resumable=True)
     keys = wanted_rows(config)

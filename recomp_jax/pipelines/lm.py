@@ -1,7 +1,7 @@
 """RECOMP language modelling (§4.1, Table 1): WikiText perplexity with evidence prepended every 32 tokens.
 
 ``python -m recomp_jax.main --config=configs/wikitext_lm.py:PRESET`` runs, as cached and
-resumable stages (:mod:`recomp_jax.pipelines.stages`):
+resumable stages (:mod:`recomp_jax.stages`):
 
 1. ``windows``: WikiText articles cut into windows of ``lm.stride`` scored tokens under the
    reader's tokenizer (:func:`recomp_jax.data.wikitext.make_windows`);
@@ -44,7 +44,7 @@ from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.data.sentences import build_candidates, build_corpus
 from recomp_jax.evaluation import lm_metrics
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import ResumableJsonl, StageRunner, costs_table, read_records
+from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, read_records
 from recomp_jax.reader import prompts
 
 ROW_NAMES = {

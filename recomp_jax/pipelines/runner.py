@@ -12,7 +12,7 @@ big_vision imports its models) and drives it:
    hashes, resolved config, rows, paired bootstrap of the trained row against every other
    row), ``predictions.jsonl`` (one line per question and row) and ``results.md``.
 
-Every stage is cached in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.pipelines.stages`):
+Every stage is cached in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.stages`):
 its fingerprint covers the config fields it reads, the content hash of its input files and
 the source of the modules it runs, so a changed data file, reader or prompt reruns it, and
 a damaged output file is detected and recomputed. ``--config.force_stages=label,train``
@@ -31,7 +31,7 @@ from recomp_jax.compressors.base import Context, System
 from recomp_jax.data import formats
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.stages import StageRunner, costs_table
+from recomp_jax.stages import StageRunner, costs_table
 
 # config.system -> 'module:class' of its System.
 SYSTEMS = {
@@ -50,12 +50,6 @@ def get_system(name: str) -> System:
     raise shared.PipelineError(f'config.system={name!r} is not one of {sorted(SYSTEMS) + sorted(TASKS)}')
   module_name, class_name = SYSTEMS[name].split(':')
   return getattr(importlib.import_module(module_name), class_name)()
-
-
-def reader_inputs(config) -> dict:
-  """What the reader's outputs depend on: its weights and generation limit."""
-  return {'reader': shared.model_fingerprint(config.reader.model, 'reader'),
-          'max_new_tokens': config.reader.max_new_tokens}
 
 
 def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
@@ -109,7 +103,7 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
   ctx.summaries.update(shared.run_head(config, runner, ctx.resources, data_files))
   deps = system.stages(ctx)
   ctx.summaries['evaluate'] = runner.run(
-      'evaluate', {**reader_inputs(config), 'eval': config.to_dict()['eval'], 'seed': config.seed,
+      'evaluate', {**shared.reader_inputs(config), 'eval': config.to_dict()['eval'], 'seed': config.seed,
                    **system.evaluation_inputs(ctx)},
       lambda d: stage_evaluate(system, ctx, d),
       deps=('candidates',) + tuple(deps), code=EVAL_CODE + tuple(system.code), resumable=True)
@@ -169,7 +163,7 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   if not sharding.is_main_process():
     return None
   from recomp_jax.evaluation import analysis, report  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.stages import read_records  # pylint: disable=import-outside-toplevel
+  from recomp_jax.stages import read_records  # pylint: disable=import-outside-toplevel
   config, summaries = ctx.config, ctx.summaries
   costs = ctx.runner.costs()
   records = read_records(os.path.join(ctx.stage_dir('evaluate'), 'rows.jsonl'), key='row')
@@ -223,5 +217,5 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   return results
 
 
-__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'get_system', 'reader_inputs', 'run', 'stage_evaluate',
+__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'get_system', 'run', 'stage_evaluate',
            'write_results']

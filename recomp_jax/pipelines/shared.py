@@ -1,7 +1,7 @@
 """The shared head of every system's pipeline: data -> retrieve -> candidates, and the run's models.
 
 Every compressor system starts from the same three cached stages (see
-:mod:`recomp_jax.pipelines.stages`):
+:mod:`recomp_jax.stages`):
 
 * ``data``: train / dev / test examples from JSONL files, the Hugging Face hub or the offline
   demo (an empty split stops here with a :class:`PipelineError`);
@@ -27,11 +27,12 @@ import numpy as np
 from recomp_jax import sharding
 from recomp_jax.compressors import extractive
 from recomp_jax.data import formats
-from recomp_jax.data.schema import DataError, Example, FilterReport
+from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.data.sentences import build_candidates
+from recomp_jax.data.stage_records import load_candidates, load_labels, read_examples, write_examples  # noqa: F401  (re-exported for the systems)
 from recomp_jax.evaluation import qa_metrics
-from recomp_jax.pipelines.stages import StageRunner
-from recomp_jax.pretrained.demo import resolve_demo_model
+from recomp_jax.stages import StageRunner
+from recomp_jax.pretrained.demo import model_fingerprint, resolve_demo_model  # noqa: F401  (re-exported)
 from recomp_jax.reader import Reader
 
 # Modules whose source a stage's output depends on (stage fingerprints include their hash).
@@ -120,36 +121,6 @@ class Resources:
       kwargs['normalize'] = bool(enc.normalize)
     return Encoder.from_pretrained(source or resolve_demo_model(enc.model, 'encoder'),
                                    max_length=enc.max_passage_length or None, **kwargs)
-
-
-def write_examples(path: str, examples: Sequence[Example]) -> None:
-  """Writes a stage's examples (in a multi-process run, process 0 writes)."""
-  if sharding.is_main_process():
-    formats.write_examples(path, examples)
-
-
-def read_examples(path: str) -> list[Example]:
-  return list(formats.read_examples(path, 'dpr'))
-
-
-def load_labels(directory: str, split: str) -> dict[str, dict]:
-  """A stage's records of ``split`` (``<directory>/<split>.jsonl``) by their ``id``.
-
-  Raises:
-    DataError: a damaged line, or a record without an ``id``; the message names file and line.
-  """
-  path = os.path.join(directory, f'{split}.jsonl')
-  out = {}
-  for lineno, record in formats.iter_jsonl(path):
-    if not isinstance(record, dict) or 'id' not in record:
-      raise DataError(path, lineno, 'id', 'missing (every stage record has one)')
-    out[record['id']] = record
-  return out
-
-
-def load_candidates(directory: str, split: str) -> dict[str, list[str]]:
-  """The candidates stage's sentences of ``split`` by question id (see :func:`load_labels`)."""
-  return {i: r['candidates'] for i, r in load_labels(directory, split).items()}
 
 
 def input_files(config) -> list[str]:
@@ -354,12 +325,10 @@ def retrieval_inputs(cfg: dict) -> dict:
   return inputs
 
 
-def model_fingerprint(path: str, kind: str) -> dict:
-  from recomp_jax.pipelines.stages import file_fingerprint  # pylint: disable=import-outside-toplevel
-  resolved = resolve_demo_model(path, kind)
-  if os.path.exists(resolved):
-    return file_fingerprint(resolved)
-  return {'hub_id': resolved}
+def reader_inputs(config) -> dict:
+  """What the reader's outputs depend on: its weights and generation limit."""
+  return {'reader': model_fingerprint(config.reader.model, 'reader'),
+          'max_new_tokens': config.reader.max_new_tokens}
 
 
 def run_head(config, runner: StageRunner, resources: Resources, data_files: Sequence[str]) -> dict:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from recomp_jax.stages import file_fingerprint
+
 
 def resolve_demo_model(path: str, kind: str) -> str:
   """``''`` -> the PyPI demo model: ``kind='encoder'`` MiniLM, ``kind='reader'`` Gemma 3 270M GGUF.
@@ -25,6 +27,15 @@ def resolve_demo_model(path: str, kind: str) -> str:
   if kind != 'reader':
     raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
   return _assemble_demo_gemma()
+
+
+def model_fingerprint(path: str, kind: str) -> dict:
+  """What a stage that loads the model ``path`` names depends on: the content fingerprint of
+  the resolved file or directory (:func:`recomp_jax.stages.file_fingerprint`), or its hub id."""
+  resolved = resolve_demo_model(path, kind)
+  if os.path.exists(resolved):
+    return file_fingerprint(resolved)
+  return {'hub_id': resolved}
 
 
 def _assemble_demo_gemma() -> str:

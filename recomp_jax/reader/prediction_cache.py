@@ -28,6 +28,8 @@ import sqlite3
 import threading
 from typing import Sequence
 
+from recomp_jax.stages import code_hash, fingerprint
+
 # The code between a reader's weights and its answer; its source is part of the reader key.
 READER_CODE = ('recomp_jax.reader', 'recomp_jax.models', 'recomp_jax.pretrained')
 
@@ -40,13 +42,12 @@ def reader_key(weights: dict, *, code: Sequence[str] = READER_CODE, **generation
   """The key of one reader's answers.
 
   Args:
-    weights: :func:`recomp_jax.pipelines.stages.file_fingerprint` of the reader's weights
+    weights: :func:`recomp_jax.stages.file_fingerprint` of the reader's weights
       (its ``path`` is ignored: the same weights elsewhere are the same reader), or a hub id.
     code: modules whose source (docstrings and comments aside) the answers depend on.
     generation: what else decides the answer (``stop_strings``; the generation limit is
       per answer, :meth:`PredictionCache.lookup`).
   """
-  from recomp_jax.pipelines.stages import code_hash, fingerprint  # pylint: disable=import-outside-toplevel
   content = {k: v for k, v in weights.items() if k != 'path'}
   return fingerprint({'weights': content, 'code': code_hash(tuple(code)), 'generation': generation})
 

@@ -172,7 +172,7 @@ class Reader:
 
     Args:
       path: the cache file; runs of the same reader may share one.
-      weights: :func:`recomp_jax.pipelines.stages.file_fingerprint` of this reader's weights.
+      weights: :func:`recomp_jax.stages.file_fingerprint` of this reader's weights.
     """
     from recomp_jax.reader import prediction_cache  # pylint: disable=import-outside-toplevel
     self.prediction_cache = prediction_cache.PredictionCache(

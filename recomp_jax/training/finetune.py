@@ -31,7 +31,8 @@ from absl import logging
 
 from recomp_jax import sharding, storage
 from recomp_jax.data import formats
-from recomp_jax.pipelines import stages
+from recomp_jax.pretrained.demo import model_fingerprint
+from recomp_jax import stages
 
 
 def is_seq2seq(model) -> bool:
@@ -219,11 +220,10 @@ GENERATION_ONLY = ('max_new_tokens', 'generate_batch_size', 'empty_threshold')
 def finetune_inputs(config, section_name: str) -> tuple[dict, dict]:
   """What a fine-tuning stage's result depends on, for its fingerprint: ``(train fields,
   section fields with the weights' fingerprint)``; generation-only fields are left out."""
-  from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
   cfg = config.to_dict()
   section = cfg[section_name]
   model = {**{k: v for k, v in section.items() if k not in GENERATION_ONLY},
-           'weights': shared.model_fingerprint(section['model'], 'reader')}
+           'weights': model_fingerprint(section['model'], 'reader')}
   return {k: cfg['train'][k] for k in TRAIN_FIELDS}, model
 
 
