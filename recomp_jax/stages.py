@@ -155,6 +155,21 @@ def code_hash(modules: Sequence[str]) -> str:
   return fingerprint({m: module_code_hash(m) for m in sorted(modules)})
 
 
+def fingerprint_change(old: dict | None, new: dict) -> str:
+  """Why a stage's fingerprint changed, from the ``fingerprint_parts`` of both runs: the input
+  fields, upstream stages and code modules that differ (a stage finished by code that recorded
+  no parts: only that its fingerprint differs)."""
+  if not old:
+    return 'its fingerprint differs (it was finished by code that recorded no fingerprint parts)'
+  reasons = []
+  for part, label in (('inputs', 'input'), ('deps', 'upstream stage'), ('code', 'code of')):
+    before, after = old.get(part, {}), new.get(part, {})
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    if changed:
+      reasons.append(f"{label} {', '.join(changed)} changed")
+  return '; '.join(reasons) or 'its fingerprint differs'
+
+
 def directory_manifest(directory: str, *, skip: Sequence[str] = ('DONE.json', 'STARTED.json')) -> dict:
   """``{relative path: [size, sha256]}`` of every file under ``directory``."""
   out = {}
@@ -408,6 +423,13 @@ class StageRunner:
     return fingerprint({'inputs': inputs, 'deps': {d: self.fingerprints[d] for d in deps},
                         'code': code_hash(code) if code else ''})
 
+  def fingerprint_parts(self, inputs: Any, deps: Sequence[str] = (), code: Sequence[str] = ()) -> dict:
+    """What :meth:`stage_fingerprint` hashes, part by part (recorded, so a rerun can say why)."""
+    return {'inputs': {k: fingerprint(v) for k, v in inputs.items()} if isinstance(inputs, dict)
+            else {'': fingerprint(inputs)},
+            'deps': {d: self.fingerprints[d] for d in deps},
+            'code': {m: module_code_hash(m)[:16] for m in sorted(code)}}
+
   def _read_done(self, name: str) -> dict | None:
     marker = os.path.join(self.stage_dir(name), 'DONE.json')
     if not os.path.exists(marker):
@@ -490,7 +512,8 @@ class StageRunner:
     seconds = time.time() - start
     self.timings[name] = seconds
     if main:
-      record = {'fingerprint': fp, 'seconds': seconds,
+      record = {'fingerprint': fp, 'fingerprint_parts': self.fingerprint_parts(inputs, deps, code),
+                'seconds': seconds,
                 'seconds_all_attempts': seconds + self.earlier_seconds.get(name, 0.0),
                 'peak_resident_bytes': peak, 'summary': summary, 'manifest': directory_manifest(directory)}
       tmp = os.path.join(directory, 'DONE.json.tmp')
@@ -529,6 +552,9 @@ class StageRunner:
       damaged = True
       logging.warning('stage %s: damaged output, recomputing: %s', name, '; '.join(problems))
       os.remove(os.path.join(directory, 'DONE.json'))
+    if done is not None and done.get('fingerprint') != fp:
+      logging.warning('stage %s: the finished stage in %s is not reused: %s; recomputing', name, directory,
+                      fingerprint_change(done.get('fingerprint_parts'), self.fingerprint_parts(inputs, deps, code)))
     started_file = os.path.join(directory, 'STARTED.json')
     previous = {}
     if os.path.exists(started_file):
@@ -543,7 +569,8 @@ class StageRunner:
     self.earlier_seconds[name] = 0.0 if cleared or damaged else unfinished_attempts_seconds(directory, previous)
     os.makedirs(directory, exist_ok=True)
     with open(started_file, 'w') as f:
-      json.dump({'fingerprint': fp, 'inputs': inputs, 'deps': list(deps), 'code': list(code),
+      json.dump({'fingerprint': fp, 'fingerprint_parts': self.fingerprint_parts(inputs, deps, code),
+                 'inputs': inputs, 'deps': list(deps), 'code': list(code),
                  'started_at': time.time(), 'earlier_seconds': self.earlier_seconds[name]}, f,
                 default=str, indent=2)
     if self.remote is not None:  # marks the remote stage (and its checkpoints) as this run's
