@@ -1,14 +1,15 @@
 """The shared fine-tuning path of every text-to-text model the systems train.
 
-RECOMP's abstractive compressor, FILCO's filter model and generator (and K-COMP's and
-CoLoR's compressors after them) are all ``(prompt, target)`` fine-tuning of one LM:
+RECOMP's abstractive compressor, FILCO's filter model and generator, K-COMP's and CoLoR's
+compressors all fine-tune one LM here; an :class:`~recomp_jax.training.objectives.Objective`
+says what an example is and which jitted loss reads the batch (the hook):
 
-* Gemma (decoder-only, the offline default): prompt-masked causal LM
-  (:func:`recomp_jax.training.recipes.causal_lm_arrays`);
-* T5 (the papers' seq2seq models): encoder reads the prompt, decoder the target
-  (:func:`recomp_jax.training.recipes.seq2seq_arrays`).
+* ``prompt_target`` (the default): ``(prompt, target)`` pairs, a prompt-masked causal LM for
+  Gemma (:func:`recomp_jax.training.recipes.causal_lm_arrays`) or seq2seq for T5;
+* ``knowledge_injection``: K-COMP's ``(prompt, knowledge, summary)``;
+* ``orpo``: CoLoR's ``(prompt, chosen, rejected)``.
 
-:func:`finetune` runs :func:`recomp_jax.training.loop.train` on such pairs with gradient
+:func:`finetune` runs :func:`recomp_jax.training.loop.train` on such examples with gradient
 microbatches, keeps the checkpoint with the lowest dev loss (``export``) and resumes from
 its last Orbax checkpoint. :func:`finetune_pretrained` wraps it for a stage: load the model
 a config section names, train, export the best to ``{directory}/<name>_best``.
@@ -32,44 +33,20 @@ from absl import logging
 from recomp_jax import sharding, storage
 from recomp_jax.data import formats
 from recomp_jax.pretrained.demo import model_fingerprint
+from recomp_jax.training import objectives
+from recomp_jax.training.objectives import is_seq2seq, lm_arrays, lm_loss_fn  # noqa: F401  (re-exported)
 from recomp_jax import stages
 
 
-def is_seq2seq(model) -> bool:
-  """Whether ``model`` is an encoder-decoder (T5) rather than a decoder-only LM."""
-  from recomp_jax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
-  return isinstance(model, T5Model)
-
-
-def lm_arrays(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
-              max_source_length: int, max_target_length: int, report, pack: bool = False
-              ) -> dict[str, np.ndarray]:
-  """Training arrays of ``(prompt, target)`` pairs: seq2seq for T5, prompt-masked causal LM for Gemma.
-
-  ``pack``: several pairs per row (decoder-only models; :func:`recipes.causal_lm_arrays`).
-  """
-  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
-  if is_seq2seq(model):
-    if pack:
-      raise ValueError('packing is implemented for decoder-only models; set pack=False for T5')
-    start = model.config.decoder_start_token_id
-    return recipes.seq2seq_arrays(tokenizer, prompts, targets, max_source_length=max_source_length,
-                                  max_target_length=max_target_length,
-                                  decoder_start_id=0 if start is None else int(start), report=report)
-  return recipes.causal_lm_arrays(tokenizer, prompts, targets, pack=pack, max_target_length=max_target_length,
-                                  max_length=max_source_length + max_target_length, report=report)
-
-
-def lm_loss_fn(model):
-  """The loss matching :func:`lm_arrays` for ``model``."""
-  from recomp_jax.training import recipes  # pylint: disable=import-outside-toplevel
-  return recipes.seq2seq_loss_fn() if is_seq2seq(model) else recipes.causal_lm_loss_fn()
-
-
-def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
+def finetune(config, section, model, tokenizer, train: Sequence[tuple], dev: Sequence[tuple],
              *, seed: int, directory: str, export: Callable,
-             probe: Callable[[object], dict] | None = None) -> tuple[dict, object]:
-  """Fine-tunes ``model`` on ``(prompt, target)`` pairs; ``export(model)`` saves each new best.
+             probe: Callable[[object], dict] | None = None,
+             objective: objectives.Objective | None = None) -> tuple[dict, object]:
+  """Fine-tunes ``model`` on ``objective``'s examples; ``export(model)`` saves each new best.
+
+  ``objective`` (:mod:`recomp_jax.training.objectives`) says what an example is and which
+  loss reads the batch: by default :func:`~recomp_jax.training.objectives.prompt_target`
+  (``(prompt, target)`` pairs); K-COMP passes ``knowledge_injection()``, CoLoR ``orpo(...)``.
 
   A batch of ``config.train.batch_size`` runs as microbatches of ``section.microbatch``
   rows whose gradients are averaged weighted by their target tokens (a Gemma 3 270M step
@@ -90,15 +67,15 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
   from recomp_jax.training.recipes import TruncationReport  # pylint: disable=import-outside-toplevel
   t = config.train
+  objective = objective or objectives.prompt_target()
   pack = bool(section.get('pack', False))
+  if pack and not objective.packs:
+    raise ValueError(f'the {objective.name} objective does not pack examples into rows; set pack=False')
+  lengths = {'max_source_length': section.max_source_length, 'max_target_length': section.max_target_length}
   report = TruncationReport()
-  arrays = lm_arrays(model, tokenizer, [p for p, _ in train], [y for _, y in train],
-                     max_source_length=section.max_source_length, max_target_length=section.max_target_length,
-                     report=report, pack=pack)
+  arrays = objective.arrays(model, tokenizer, list(train), report=report, pack=pack, **lengths)
   dev_report = TruncationReport()
-  dev_arrays = lm_arrays(model, tokenizer, [p for p, _ in dev], [y for _, y in dev],
-                         max_source_length=section.max_source_length,
-                         max_target_length=section.max_target_length, report=dev_report, pack=pack)
+  dev_arrays = objective.arrays(model, tokenizer, list(dev), report=dev_report, pack=pack, **lengths)
   rows = int(arrays['input_ids'].shape[0])
   wanted = min(t.batch_size, len(train)) * rows / max(len(train), 1)  # rows holding batch_size pairs
   micro = max(1, min(section.microbatch, int(round(wanted)) or 1, rows))
@@ -107,7 +84,7 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
   batch_size = max(micro, min(int(round(wanted / micro)), rows // micro) * micro)
   steps_per_epoch = max(rows // batch_size, 1)
   num_steps = t.num_steps or max(int(round(section_epochs(config, section) * steps_per_epoch)), 1)
-  loss_fn = lm_loss_fn(model)
+  loss_fn = objective.loss_fn(model)
   dev_batch = max(1, min(micro, int(dev_arrays['input_ids'].shape[0])))
   mesh = sharding.mesh_from_config(config)
   dev_loss = train_lib.make_loss_evaluator(
@@ -158,9 +135,10 @@ def finetune(config, section, model, tokenizer, train: list[tuple[str, str]], de
     evaluations.close()
   if result.preempted:
     raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  summary = {'examples': len(train), 'dev_examples': len(dev), 'rows': rows, 'packed': pack,
+  summary = {'objective': objective.name, 'examples': len(train), 'dev_examples': len(dev), 'rows': rows,
+             'packed': pack,
              'row_fill': float(arrays['attention_mask'].mean()), 'steps': num_steps, 'batch_size': batch_size,
-             'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[1]),
+             'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[-1]),
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
              'evaluations': _by_step(evaluations.records), 'final_metrics': result.metrics}
   return summary, result.state.model()
@@ -239,7 +217,8 @@ def load_section_model(section):
 
 
 def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
-                        best_name: str, probe: Callable | None = None) -> dict:
+                        best_name: str, probe: Callable | None = None,
+                        objective: objectives.Objective | None = None) -> dict:
   """Loads ``section.model``, fine-tunes it on ``pairs(tokenizer) -> (train, dev)`` and exports
   the checkpoint with the best dev loss to ``{directory}/{best_name}`` (with no dev pairs:
   the final model). ``probe(tokenizer)``, when given, returns the monitoring function
@@ -257,7 +236,7 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
 
   summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
                               directory=directory, export=export,
-                              probe=probe(tokenizer) if probe is not None else None)
+                              probe=probe(tokenizer) if probe is not None else None, objective=objective)
   # Process 0's answer for all: exporting is a collective (sharded parameters are gathered).
   if not sharding.broadcast_from_main(os.path.exists(os.path.join(best_dir, 'config.json'))):
     export(trained)

@@ -8,7 +8,7 @@ function can sit inside a jitted, sharded train step.
 :func:`contrastive_loss`    RECOMP extractive compressor (DPR-style InfoNCE)
 :func:`listwise_distillation_loss`  extractive compressor, beyond the paper: KL to the reader
 :func:`seq2seq_loss`        RECOMP abstractive compressor, FILCO filter/generator
-:func:`knowledge_injection_loss`  K-COMP causal-mask knowledge injection
+:func:`knowledge_injection_loss`  K-COMP causal-mask knowledge injection (and ``_at``: compact)
 :func:`orpo_loss`           CoLoR: ORPO with a length regulariser
 =========================  ==================================================
 """
@@ -220,8 +220,24 @@ def knowledge_injection_loss(logits: jax.Array, tokens: jax.Array, segment_ids: 
     (loss, ``{'nll_knowledge', 'nll_summary', 'num_tokens', LOSS_WEIGHT}``) with
     per-token mean NLL of each part.
   """
-  log_p = token_log_probs(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
-  seg = segment_ids[:, 1:]
+  return knowledge_injection_loss_at(logits[:, :-1], tokens[:, 1:], segment_ids[:, 1:],
+                                     knowledge_weight=knowledge_weight, summary_weight=summary_weight,
+                                     reduction=reduction)
+
+
+def knowledge_injection_loss_at(logits: jax.Array, target_ids: jax.Array, target_segments: jax.Array, *,
+                                knowledge_weight: float = 1.0, summary_weight: float = 1.0,
+                                reduction: str = 'token_mean') -> tuple[jax.Array, dict]:
+  """:func:`knowledge_injection_loss` on logits already aligned with the tokens they predict.
+
+  Args:
+    logits: ``[B, A, V]`` the logits predicting ``target_ids`` (e.g. the head run only at the
+      target positions, :func:`recomp_jax.training.recipes.knowledge_injection_loss_fn`).
+    target_ids: ``[B, A]``.
+    target_segments: ``[B, A]`` the segment of each predicted token (0: no loss).
+  """
+  log_p = token_log_probs(logits, target_ids)  # [B, A]
+  seg = target_segments
   is_knowledge = (seg == KNOWLEDGE_SEGMENT).astype(jnp.float32)
   is_summary = (seg == SUMMARY_SEGMENT).astype(jnp.float32)
   weights = knowledge_weight * is_knowledge + summary_weight * is_summary

@@ -12,6 +12,11 @@ Every recipe turns strings into fixed-shape numpy arrays for :func:`recomp_jax.t
   is ~10x its summary, and Gemma 3's head (262k x 640) is most of its FLOPs per token.
 * **Seq2seq SFT** (:func:`seq2seq_arrays`, :func:`seq2seq_loss_fn`): T5 reads the prompt
   with its encoder; the decoder is teacher-forced on ``target EOS`` after the start token.
+* **Knowledge injection** (K-COMP; :func:`segmented_causal_lm_arrays`,
+  :func:`knowledge_injection_loss_fn`): the target is two parts, the entities with their
+  descriptions and then the summary, each token labelled with its part.
+* **Preference pairs** (CoLoR's ORPO; :func:`preference_arrays`, :func:`orpo_loss_fn`): a
+  chosen and a rejected response to one prompt, read in one forward pass.
 
 An empty target is a valid example (only EOS is predicted): RECOMP's selective
 augmentation teaches the compressor to say nothing. Sequences are padded to the longest
@@ -295,5 +300,138 @@ def seq2seq_loss_fn(*, label_smoothing: float = 0.0, reduction: str = 'token_mea
   return loss_fn
 
 
-__all__ = ['TruncationReport', 'causal_lm_arrays', 'causal_lm_loss_fn', 'pack_first_fit',
-           'seq2seq_arrays', 'seq2seq_loss_fn']
+def segmented_causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], target_parts: Sequence[Sequence[str]], *,
+                               max_length: int, max_target_length: int | None = None, add_bos: bool = True,
+                               add_eos: bool = True, pad_id: int | None = None,
+                               report: TruncationReport | None = None) -> dict[str, np.ndarray]:
+  """Prompt-masked causal-LM arrays whose target is several parts, each token labelled with its part.
+
+  Row ``i`` is ``[BOS] prompt_i part_i1 ... part_iK [EOS]``; each part is tokenised on its
+  own, so its boundary is exact. The loss-carrying tokens are the parts and EOS (EOS belongs
+  to the last part); the prompt never carries loss. K-COMP (:func:`knowledge_injection_loss_fn`)
+  uses two parts: ``entity: description<eom>`` per entity, then the summary. Too long a
+  target loses its end (the last part first), too long a prompt its beginning; both counted.
+
+  Args:
+    tokenizer: a Hugging Face tokenizer.
+    prompt_texts: ``N`` prompts.
+    target_parts: ``N`` sequences of ``K`` strings (the same ``K`` for every row).
+    max_length: at most this many tokens per row (BOS and EOS included).
+    max_target_length: at most this many target tokens (EOS included); None: ``max_length`` only.
+  Returns:
+    ``input_ids / attention_mask [N, L]`` int32 and the targets compactly:
+    ``target_positions [N, A]`` int32 (the positions predicting them), ``target_ids [N, A]``
+    int32, ``target_mask [N, A]`` float32 and ``target_segments [N, A]`` int32 (part
+    ``1..K`` of each target token, 0 on padding).
+  """
+  if len(prompt_texts) != len(target_parts):
+    raise ValueError(f'{len(prompt_texts)} prompts for {len(target_parts)} targets')
+  report = report if report is not None else TruncationReport()
+  bos = _bos_id(tokenizer) if add_bos else None
+  eos = tokenizer.eos_token_id if add_eos else None
+  if add_bos and bos is None:
+    raise ValueError('the tokenizer has no bos_token_id; pass add_bos=False')
+  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  rows, labels = [], []  # labels: the part of every token of the row (0 on BOS and the prompt)
+  for prompt, parts in zip(_ids(tokenizer, prompt_texts), target_parts):
+    report.examples += 1
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    budget = max_length - len(head) - len(tail)
+    if budget < 1:
+      raise ValueError(f'max_length={max_length} leaves no room for tokens')
+    target, part_of = [], []
+    for k, ids in enumerate(_ids(tokenizer, list(parts)), 1):
+      target += ids
+      part_of += [k] * len(ids)
+    limit = budget - 1 if max_target_length is None else min(budget - 1, max_target_length - len(tail))
+    if len(target) > limit:
+      report.targets_truncated += 1
+      target, part_of = target[:max(limit, 0)], part_of[:max(limit, 0)]
+    if len(prompt) + len(target) > budget:
+      report.prompts_truncated += 1
+      prompt = prompt[len(prompt) + len(target) - budget:]
+    last = len(parts) if parts else 1
+    rows.append(head + prompt + target + tail)
+    labels.append([0] * (len(head) + len(prompt)) + part_of + [last] * len(tail))
+  length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
+  spans = [sum(1 for x in lab if x) for lab in labels]  # target tokens per row
+  width = bucket_length(max(spans, default=1), TARGET_BUCKETS)
+  n = len(rows)
+  out = {'input_ids': np.full((n, length), pad, np.int32), 'attention_mask': np.zeros((n, length), np.int32),
+         'target_positions': np.zeros((n, width), np.int32), 'target_ids': np.full((n, width), pad, np.int32),
+         'target_mask': np.zeros((n, width), np.float32), 'target_segments': np.zeros((n, width), np.int32)}
+  for i, (row, lab) in enumerate(zip(rows, labels)):
+    out['input_ids'][i, :len(row)] = row
+    out['attention_mask'][i, :len(row)] = 1
+    tokens = [t for t in range(len(row)) if lab[t]]  # position t - 1 predicts token t
+    out['target_positions'][i, :len(tokens)] = [t - 1 for t in tokens]
+    out['target_ids'][i, :len(tokens)] = [row[t] for t in tokens]
+    out['target_mask'][i, :len(tokens)] = 1.0
+    out['target_segments'][i, :len(tokens)] = [lab[t] for t in tokens]
+  return out
+
+
+def _target_hidden(model, batch, ids: str = 'input_ids', mask: str = 'attention_mask'):
+  """Final hidden states at ``target_positions`` only: ``[B, A, D]`` (the head then runs on A, not L)."""
+  hidden = model.hidden_states(batch[ids], batch[mask])  # [B, L, D]
+  return jnp.take_along_axis(hidden, batch['target_positions'][..., None], axis=1)
+
+
+def knowledge_injection_loss_fn(*, knowledge_weight: float = 1.0, summary_weight: float = 1.0,
+                                reduction: str = 'token_mean'):
+  """``(model, batch, rng) -> (loss, metrics)`` of :func:`segmented_causal_lm_arrays` batches with two
+  parts (knowledge, summary): :func:`recomp_jax.training.losses.knowledge_injection_loss_at` with the
+  head run only at the target positions."""
+
+  def loss_fn(model, batch, rng):
+    del rng
+    logits = model.logits(_target_hidden(model, batch))  # [B, A, V]
+    return losses.knowledge_injection_loss_at(logits, batch['target_ids'], batch['target_segments'],
+                                              knowledge_weight=knowledge_weight, summary_weight=summary_weight,
+                                              reduction=reduction)
+
+  return loss_fn
+
+
+def preference_arrays(tokenizer, prompt_texts: Sequence[str], chosen: Sequence[str], rejected: Sequence[str], *,
+                      max_length: int, max_target_length: int | None = None,
+                      report: TruncationReport | None = None) -> dict[str, np.ndarray]:
+  """Chosen and rejected responses to the same prompts, as pairs of prompt-masked causal-LM rows.
+
+  Returns the arrays of :func:`causal_lm_arrays` (unpacked) with a pair axis: ``input_ids /
+  attention_mask [N, 2, L]`` and ``target_positions / target_ids / target_mask [N, 2, A]``, index
+  0 the chosen response and 1 the rejected one (both padded to one shape).
+  """
+  if not len(prompt_texts) == len(chosen) == len(rejected):
+    raise ValueError(f'{len(prompt_texts)} prompts, {len(chosen)} chosen and {len(rejected)} rejected responses')
+  n = len(prompt_texts)
+  both = causal_lm_arrays(tokenizer, list(prompt_texts) * 2, list(chosen) + list(rejected), max_length=max_length,
+                          max_target_length=max_target_length, report=report)
+  keys = ('input_ids', 'attention_mask', 'target_positions', 'target_ids', 'target_mask')
+  return {k: np.stack([both[k][:n], both[k][n:]], axis=1) for k in keys}
+
+
+def orpo_loss_fn(*, orpo_lambda: float, length_mode: str = 'paper'):
+  """``(model, batch, rng) -> (loss, metrics)`` of :func:`preference_arrays` batches: one forward pass
+  over the ``2B`` rows, the head at the target positions, then
+  :func:`recomp_jax.training.losses.orpo_loss` (response lengths in tokens, EOS included). The loss
+  is a mean over pairs, so its :data:`~recomp_jax.training.losses.LOSS_WEIGHT` is the pair count."""
+
+  def loss_fn(model, batch, rng):
+    del rng
+    pairs = batch['input_ids'].shape[0]
+    flat = {k: v.reshape((2 * pairs,) + v.shape[2:]) for k, v in batch.items()}
+    log_p = losses.token_log_probs(model.logits(_target_hidden(model, flat)), flat['target_ids'])  # [2B, A]
+    log_p = log_p.reshape(pairs, 2, -1)
+    mask = batch['target_mask']
+    loss, metrics = losses.orpo_loss(log_p[:, 0], mask[:, 0], log_p[:, 1], mask[:, 1], orpo_lambda=orpo_lambda,
+                                     length_mode=length_mode)
+    return loss, {**metrics, losses.LOSS_WEIGHT: jnp.asarray(pairs, jnp.float32)}
+
+  return loss_fn
+
+
+__all__ = ['TruncationReport', 'causal_lm_arrays', 'causal_lm_loss_fn', 'knowledge_injection_loss_fn',
+           'orpo_loss_fn', 'pack_first_fit', 'preference_arrays', 'segmented_causal_lm_arrays', 'seq2seq_arrays',
+           'seq2seq_loss_fn']
