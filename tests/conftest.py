@@ -39,6 +39,7 @@ def _drop_compiled_functions_after_each_module():
 # out of the parallel run and run afterwards with nothing beside them.
 
 END_TO_END = 'end_to_end'
+SLOW = 'slow'
 
 
 def pytest_configure(config):
@@ -46,6 +47,8 @@ def pytest_configure(config):
                           'tests share one worker and run one after another')
   config.addinivalue_line('markers', 'alone: needs the machine to itself (memory, page-fault counts, '
                           'timeouts); scripts/test.sh runs these after the parallel tests')
+  config.addinivalue_line('markers', f'{SLOW}: the slow tier (real-model pipelines, the other multi-host runs, '
+                          'allocator counts); run with `bash scripts/test.sh --slow`, left out by default')
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
@@ -107,3 +110,19 @@ def gemma3_ours(gemma3_gguf_path, gemma3_hf_dir):
     pytest.skip('recomp_jax.models.gemma is not available')
   from recomp_jax.pretrained import load_pretrained
   return load_pretrained(gemma3_gguf_path)
+
+
+@pytest.fixture(scope='session')
+def tiny_gemma_dir(tmp_path_factory, gemma3_hf_dir) -> str:
+  """A tiny random Gemma 3 (2 layers, width 32) with the real tokenizer, as a HF directory: the
+  fine-tuned model of the systems' end-to-end tests in the fast tier."""
+  from flax import nnx
+  from recomp_jax.models import gemma
+  from recomp_jax.pretrained import Pretrained, export_pretrained
+  config = gemma.GemmaConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                             head_dim=16, sliding_window=16, layer_types=('sliding_attention', 'full_attention'),
+                             query_pre_attn_scalar=16)
+  directory = str(tmp_path_factory.mktemp('tiny') / 'gemma')
+  export_pretrained(Pretrained(gemma.GemmaModel(config, rngs=nnx.Rngs(1)), config, gemma.FAMILY, gemma3_hf_dir),
+                    directory, tokenizer_dir=gemma3_hf_dir)
+  return directory

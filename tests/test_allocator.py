@@ -148,6 +148,7 @@ print(out['allocator'], out['released'], out['rss_before'], out['rss_after'])
 '''
 
 
+@pytest.mark.slow  # page-fault and resident-set counts
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
 def test_release_free_memory_returns_kept_pages():
   """Under jemalloc told to keep every freed page, a freed GiB stays resident until
@@ -183,6 +184,7 @@ print(faults() - start)
 '''
 
 
+@pytest.mark.slow  # page-fault and resident-set counts
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='LD_PRELOAD and /proc are Linux')
 def test_decay_setting_reuses_xla_temporaries():
   """Under :data:`allocator.JEMALLOC_CONF_DECAY` a jitted call reuses the blocks the last call
@@ -221,6 +223,7 @@ print(first, reset, allocator.peak_resident_bytes(), allocator.resident_bytes())
 '''
 
 
+@pytest.mark.slow  # page-fault and resident-set counts
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc is Linux')
 def test_peak_resident_counts_a_freed_block_until_reset():
   """The peak (VmHWM) holds a freed 256 MiB block; after the reset it is the current set again."""

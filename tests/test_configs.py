@@ -16,6 +16,7 @@ PRESETS = {
     'fever_filco.py': ('paper',),
     'wow_filco.py': ('paper',),
     'wikitext_lm.py': ('paper', 'shared', 'ci'),
+    'nq_truncation.py': ('shared', 'demo', 'ci'),
 }
 
 
@@ -92,3 +93,14 @@ def test_abstractive_shared_preset_is_the_committed_reader_sentence_run():
   differing = {k: (recorded[k], preset[k]) for k in recorded.keys() & preset.keys() if recorded[k] != preset[k]}
   assert not differing
   assert recorded['critic.targets'] == 'reader_sentence' and recorded['data.max_train'] == 200
+
+
+@pytest.mark.parametrize('name', sorted(n for n in os.listdir(os.path.join(REPO, 'configs')) if n.endswith('.py')))
+def test_every_config_file_loads_every_preset_its_docstring_lists(name):
+  from recomp_jax.main import _presets
+  from recomp_jax.pipelines.runner import SYSTEMS, TASKS
+  presets = _presets(os.path.join(REPO, 'configs', name)).split(', ')
+  assert presets and presets != ['(see the file)'], f'{name}: its docstring lists no preset'
+  for preset in presets:
+    config = _load(name).get_config(preset)
+    assert config.system in {**SYSTEMS, **TASKS} and config.preset == preset

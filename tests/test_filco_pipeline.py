@@ -12,7 +12,6 @@ import os
 import numpy as np
 import pytest
 
-from flax import nnx
 
 from recomp_jax.evaluation import qa_metrics, report
 from recomp_jax.pipelines import runner as pipeline_runner
@@ -24,20 +23,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(autouse=True)
 def _repo_on_path(monkeypatch):
   monkeypatch.syspath_prepend(REPO)
-
-
-@pytest.fixture(scope='module')
-def tiny_gemma_dir(tmp_path_factory, gemma3_hf_dir) -> str:
-  """A tiny random Gemma 3 (2 layers, width 32) with the real tokenizer, as a HF directory."""
-  from recomp_jax.models import gemma
-  from recomp_jax.pretrained import Pretrained, export_pretrained
-  config = gemma.GemmaConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                             head_dim=16, sliding_window=16, layer_types=('sliding_attention', 'full_attention'),
-                             query_pre_attn_scalar=16)
-  directory = str(tmp_path_factory.mktemp('tiny') / 'gemma')
-  export_pretrained(Pretrained(gemma.GemmaModel(config, rngs=nnx.Rngs(1)), config, gemma.FAMILY, gemma3_hf_dir),
-                    directory, tokenizer_dir=gemma3_hf_dir)
-  return directory
 
 
 def _config(workdir, **overrides):

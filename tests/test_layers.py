@@ -8,7 +8,6 @@ import ast
 import collections
 import os
 
-import pytest
 
 PACKAGE = 'recomp_jax'
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)

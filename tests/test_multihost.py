@@ -139,6 +139,7 @@ def single_process_params(tmp_path_factory, cache_dir):
   return _params(root / 'params.npz')
 
 
+@pytest.mark.slow
 def test_two_processes_reach_the_single_process_parameters(tmp_path, cache_dir, single_process_params):
   job = _Job(tmp_path / 'work', cache_dir, num_processes=2, out=tmp_path / 'params.npz')
   codes = job.wait()
@@ -241,6 +242,7 @@ def _lines(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_pipeline_stages_leave_the_files_to_process_zero(tmp_path, cache_dir):
   """Two processes run a file stage and a resumable collective stage in one work directory:
   process 0 alone runs the file stage; both compute the collective one, in step, but only
@@ -272,6 +274,7 @@ def test_pipeline_stages_leave_the_files_to_process_zero(tmp_path, cache_dir):
   assert all(r['timings'] == {'items': 0.0, 'score': 0.0} for r in results)
 
 
+@pytest.mark.slow
 def test_a_remote_workdir_is_mirrored_on_every_process(tmp_path, cache_dir):
   """A remote workdir (a local directory stands in for gs://) with one local mirror per process:
   process 1 reads the file stage's output from its own mirror (downloaded once process 0 has
@@ -303,6 +306,7 @@ def test_a_remote_workdir_is_mirrored_on_every_process(tmp_path, cache_dir):
         (bucket / 'stages' / 'score' / 'scores.jsonl').read_bytes()
 
 
+@pytest.mark.slow
 def test_a_file_stage_runs_on_process_zero_alone(tmp_path, cache_dir):
   codes, results, output = _run_stages(tmp_path / 'work', cache_dir)
   assert codes == [0, 0], output

@@ -42,7 +42,8 @@ def test_every_notebook_has_ci_parameters():
 # quickstart runs the extractive pipeline, like the other end_to_end tests. abstractive keeps its
 # model server up beside a real Gemma 3 270M fine-tune; beside a busy worker that came within
 # 1.7 GB of the 24, so it runs alone after the parallel tests.
-NOTEBOOK_MARKS = {'quickstart.ipynb': pytest.mark.end_to_end, 'abstractive.ipynb': pytest.mark.alone}
+NOTEBOOK_MARKS = {'quickstart.ipynb': [pytest.mark.end_to_end],
+                  'abstractive.ipynb': [pytest.mark.alone, pytest.mark.slow]}
 
 
 def _extra_parameters(name: str) -> dict:

@@ -38,6 +38,7 @@ SYSTEMS = {
     'extractive': 'recomp_jax.pipelines.extractive:ExtractiveSystem',
     'abstractive': 'recomp_jax.pipelines.abstractive:AbstractiveSystem',
     'filco': 'recomp_jax.pipelines.filco:FilcoSystem',
+    'truncation': 'recomp_jax.pipelines.truncation:TruncationSystem',
 }
 # config.system -> 'module:function' of a task that is not question answering (no System, no shared head).
 TASKS = {'lm': 'recomp_jax.pipelines.lm:run'}

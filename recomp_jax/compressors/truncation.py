@@ -1,0 +1,38 @@
+"""Length-matched truncation: the first ``k`` reader tokens of the top documents.
+
+The baseline every compressor must beat at equal evidence length: no model, no training, the
+documents as retrieved cut after ``k`` tokens. ``k`` is set to a trained system's mean evidence
+tokens (:func:`matched_tokens` reads them from its ``results.json``), so the comparison holds
+the reader's budget fixed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from recomp_jax.data.schema import Example
+from recomp_jax.reader import prompts
+
+
+def truncate(tokenizer, text: str, k: int) -> str:
+  """The first ``k`` tokens of ``text`` under ``tokenizer``, decoded (``text`` itself when shorter)."""
+  ids = tokenizer(text, add_special_tokens=False)['input_ids']
+  return text if len(ids) <= k else tokenizer.decode(ids[:k]).rstrip()
+
+
+def compress(tokenizer, examples: Sequence[Example], *, k: int, top_docs: int) -> list[str]:
+  """Per example: its top ``top_docs`` documents in the reader's document format, cut to ``k`` tokens."""
+  return [truncate(tokenizer, prompts.format_documents(e.ctxs[:top_docs]), k) for e in examples]
+
+
+def matched_tokens(results_path: str, row: str = 'trained') -> int:
+  """The mean evidence tokens of ``row`` in a ``results.json``, rounded: the ``k`` that matches it."""
+  with open(results_path, encoding='utf-8') as f:
+    rows = {r['key']: r for r in json.load(f)['rows']}
+  if row not in rows:
+    raise ValueError(f'{results_path}: no row {row!r} (rows: {", ".join(rows)})')
+  return max(int(round(rows[row]['tokens'])), 1)
+
+
+__all__ = ['compress', 'matched_tokens', 'truncate']

@@ -1,0 +1,64 @@
+"""The length-matched truncation baseline on the shared runner: no stages of its own, one row.
+
+After the shared head (data -> retrieve -> candidates) the evaluate stage reads the shared rows
+and ``truncated``: the top ``candidates.top_docs`` documents cut to ``truncation.tokens``, or to
+the mean evidence tokens of ``truncation.match_row`` in the results file ``truncation.match_results``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from recomp_jax.compressors import truncation
+from recomp_jax.compressors.base import Context, System
+from recomp_jax.data.schema import Example
+from recomp_jax.evaluation import rows as rows_lib
+from recomp_jax.evaluation.rows import Row
+from recomp_jax.pipelines import shared
+
+ROW_KEYS = ('none', 'top1', 'top5', 'truncated')
+
+
+def budget(config) -> int:
+  """``k``: matched to the named results file's row, else ``truncation.tokens``."""
+  t = config.truncation
+  return truncation.matched_tokens(t.match_results, t.match_row) if t.match_results else int(t.tokens)
+
+
+class TruncationSystem(System):
+  """The first ``k`` tokens of the top documents (no training)."""
+
+  name = 'truncation'
+  row_keys = ROW_KEYS
+  code = ('recomp_jax.compressors.truncation',)
+  compared_rows = ('truncated',)
+
+  def validate(self, config) -> None:
+    if not config.truncation.match_results and config.truncation.tokens < 1:
+      raise shared.PipelineError('truncation.tokens must be >= 1 (or name truncation.match_results)')
+    shared.requested_rows(config, ROW_KEYS)
+
+  def stages(self, ctx: Context) -> tuple[str, ...]:
+    return ()
+
+  def evaluation_inputs(self, ctx: Context) -> dict:
+    return {'tokens': budget(ctx.config), 'top_docs': ctx.config.candidates.top_docs}
+
+  def rows(self, ctx: Context, examples: Sequence[Example], directory: str) -> list[Row]:
+    keys = shared.requested_rows(ctx.config, ROW_KEYS)
+    out = rows_lib.shared_rows(keys, examples)
+    if 'truncated' in keys:
+      tokenizer, k = ctx.resources.reader.tokenizer, budget(ctx.config)
+      out.append(Row('truncated', 'truncated', lambda: truncation.compress(
+          tokenizer, examples, k=k, top_docs=ctx.config.candidates.top_docs)))
+    return out
+
+  def row_name(self, key: str, config) -> str:
+    if key == 'truncated':
+      return f'first {budget(config)} tokens of the top-{config.candidates.top_docs} documents'
+    return rows_lib.SHARED_ROW_NAMES[key]
+
+  def notes(self, config, summaries: dict) -> list[str]:
+    source = (f'the mean evidence tokens of row {config.truncation.match_row!r} in '
+              f'{config.truncation.match_results}' if config.truncation.match_results else 'truncation.tokens')
+    return [f'Truncation budget k = {budget(config)} reader tokens, from {source}.']

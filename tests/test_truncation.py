@@ -1,0 +1,66 @@
+"""The length-matched truncation baseline: the method on its own, then its :ci run end to end
+(the shared head, the real Gemma 3 270M reader) with k matched to another results file."""
+
+import json
+import os
+
+import pytest
+
+from recomp_jax.compressors import truncation
+from recomp_jax.data.schema import Example, Passage
+from recomp_jax.evaluation import report
+from recomp_jax.pipelines import runner
+from recomp_jax.reader import prompts
+from tests.tiny_models import char_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_truncate_keeps_exactly_the_first_k_tokens():
+  tok = char_tokenizer(128)  # one token per character
+  assert truncation.truncate(tok, 'abcdefgh', 3) == 'abc'
+  assert truncation.truncate(tok, 'abc', 8) == 'abc'
+  example = Example(id='q', question='?', answers=['x'],
+                    ctxs=[Passage(id='1', title='A', text='one two'), Passage(id='2', title='B', text='three')])
+  full = prompts.format_documents(example.ctxs[:2])
+  assert truncation.compress(tok, [example], k=10, top_docs=2) == [full[:10].rstrip()]
+  assert truncation.compress(tok, [example], k=1000, top_docs=1) == [prompts.format_documents(example.ctxs[:1])]
+
+
+def test_matched_tokens_reads_the_row_of_a_results_file(tmp_path):
+  path = tmp_path / 'results.json'
+  path.write_text(json.dumps({'rows': [{'key': 'top1', 'tokens': 110.0}, {'key': 'trained', 'tokens': 20.6}]}))
+  assert truncation.matched_tokens(str(path)) == 21
+  assert truncation.matched_tokens(str(path), 'top1') == 110
+  with pytest.raises(ValueError, match="no row 'oracle'"):
+    truncation.matched_tokens(str(path), 'oracle')
+
+
+@pytest.mark.end_to_end
+def test_ci_run_end_to_end_with_k_matched_to_another_run(tmp_path, monkeypatch, gemma3_gguf_path):
+  monkeypatch.syspath_prepend(REPO)
+  from configs.nq_truncation import get_config
+  other = tmp_path / 'other_results.json'
+  other.write_text(json.dumps({'rows': [{'key': 'trained', 'tokens': 12.2}]}))
+  config = get_config('ci')
+  config.workdir = str(tmp_path / 'run')
+  config.truncation.match_results = str(other)
+  results = runner.run(config, config.workdir)
+  report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
+  rows = {r['key']: r for r in results['rows']}
+  assert set(rows) == {'none', 'top1', 'top5', 'truncated'} and all(r['n'] == 6 for r in rows.values())
+  assert rows['truncated']['name'] == 'first 12 tokens of the top-5 documents'
+  # decoding the first 12 tokens and reading them again may merge or split one token at the cut
+  assert 10 <= rows['truncated']['tokens'] <= 13 < rows['top1']['tokens']
+  predictions = [json.loads(line) for line in open(os.path.join(config.workdir, 'predictions.jsonl'))]
+  top5 = {p['id']: p['evidence'] for p in predictions if p['row'] == 'top5'}
+  for p in predictions:
+    if p['row'] == 'truncated':
+      assert top5[p['id']].startswith(p['evidence']) and p['evidence']
+  assert {(b['a'], b['b']) for b in results['bootstrap']} == {('truncated', k) for k in ('none', 'top1', 'top5')}
+  assert results['notes'] == [f"Truncation budget k = 12 reader tokens, from the mean evidence tokens of row "
+                              f"'trained' in {other}."]
+  config.truncation.tokens = 0
+  config.truncation.match_results = ''
+  with pytest.raises(runner.shared.PipelineError, match='truncation.tokens must be >= 1'):
+    runner.run(config, config.workdir)
