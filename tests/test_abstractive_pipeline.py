@@ -20,7 +20,7 @@ from recomp_jax.pipelines import runner as pipeline_runner  # noqa: E402
 from recomp_jax.pipelines import shared  # noqa: E402
 from recomp_jax.pretrained import Pretrained, export_pretrained  # noqa: E402
 from recomp_jax.training.summaries import read_scalars  # noqa: E402
-from tests.tiny_models import char_tokenizer  # noqa: E402
+from tests.tiny_models import char_tokenizer, check_export_reproduces_the_trained_row  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,6 +100,8 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   by_row = {r[0]: r for r in columns['rows']}
   assert by_row['none'][1] == '100.0' and by_row['top5'][1] == '0.0' and by_row['teacher'][2] != '-'
   assert any('Critic (Table 5)' in n for n in results['notes'])
+  # The exported compressor gives the trained row's summaries through the one inference call.
+  check_export_reproduces_the_trained_row(workdir, 'trained@0')
   # A rerun is cached end to end: no server is started, nothing is recomputed.
   again = pipeline_runner.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']

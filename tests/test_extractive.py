@@ -254,6 +254,9 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert set(by_row) == set(results['stages']['evaluate']['rows'])
   assert by_row['top1'][4:] == [0, 0] and by_row['none'][1] == 0.0  # no wins over itself; empty evidence
   assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'encoder_best'))
+  # The exported encoder gives the trained row's sentences through the one inference call.
+  from tests.tiny_models import check_export_reproduces_the_trained_row
+  check_export_reproduces_the_trained_row(config.workdir, 'trained@0')
   train = json.load(open(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0
   # TensorBoard: the reader's EM / F1 on the dev probe at every evaluation, and the results table.
@@ -453,6 +456,9 @@ def check_real_model_ci_run(workdir) -> None:
   assert rows['oracle_ll']['em'] > rows['none']['em']
   assert rows['oracle_em']['em'] >= rows['oracle_ll']['em']
   assert rows['trained']['tokens'] < 0.2 * rows['top5']['tokens']
+  # The exported encoder gives the trained row's sentences through the one inference call.
+  from tests.tiny_models import check_export_reproduces_the_trained_row
+  check_export_reproduces_the_trained_row(config.workdir, 'trained@0')
   # The TensorBoard probe at the best step is the real reader's EM / F1 on the first dev
   # questions with the exported best encoder's top sentence (recomputed here).
   from recomp_jax.reader.prompts import build_prompt

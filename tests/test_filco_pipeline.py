@@ -12,10 +12,10 @@ import os
 import numpy as np
 import pytest
 
-
 from recomp_jax.evaluation import qa_metrics, report
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.training.summaries import read_scalars
+from tests.tiny_models import check_export_reproduces_the_trained_row
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,6 +91,8 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   assert {i: p['evidence'] for i, p in by_row['trained@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['filtered_reader@0'].items()} == predicted
   assert {i: p['evidence'] for i, p in by_row['silver@0'].items()} == test_silver
+  # The exported filter model writes those contexts through the one inference call.
+  check_export_reproduces_the_trained_row(workdir, 'trained@0')
   # FILCO ranked reads the filter model's most likely sentence of the top passage (by default
   # the empty context does not compete); the scores of every candidate are kept.
   test_sentences = {r['id']: r['sentences'] for r in _jsonl(stages / 'silver' / 'test.jsonl')}

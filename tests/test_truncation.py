@@ -6,12 +6,14 @@ import os
 
 import pytest
 
+from recomp_jax import inference
 from recomp_jax.compressors import truncation
+from recomp_jax.data import stage_records
 from recomp_jax.data.schema import Example, Passage
 from recomp_jax.evaluation import report
 from recomp_jax.pipelines import runner
 from recomp_jax.reader import prompts
-from tests.tiny_models import char_tokenizer
+from tests.tiny_models import char_tokenizer, check_export_reproduces_the_trained_row
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +62,30 @@ def test_ci_run_end_to_end_with_k_matched_to_another_run(tmp_path, monkeypatch, 
   assert {(b['a'], b['b']) for b in results['bootstrap']} == {('truncated', k) for k in ('none', 'top1', 'top5')}
   assert results['notes'] == [f"Truncation budget k = 12 reader tokens, from the mean evidence tokens of row "
                               f"'trained' in {other}."]
+  # The export: the same evidence through recomp_jax.load_compressor, and through the command line
+  # (documents as plain {title, text} objects).
+  evidence = check_export_reproduces_the_trained_row(config.workdir, 'truncated')
+  examples = stage_records.read_examples(os.path.join(config.workdir, 'stages', 'retrieve', 'test.jsonl'))
+  requests = tmp_path / 'requests.jsonl'
+  requests.write_text(''.join(json.dumps({'id': e.id, 'question': e.question,
+                                          'ctxs': [{'title': p.title, 'text': p.text} for p in e.ctxs]}) + '\n'
+                              for e in examples))
+  out = tmp_path / 'evidence.jsonl'
+  assert inference.main(['--compressor', os.path.join(config.workdir, 'compressor'), '--input', str(requests),
+                         '--output', str(out), '--batch_size', '4']) == 0
+  assert [json.loads(line) for line in open(out)] == [{'id': e.id, 'evidence': ev} for e, ev in zip(examples, evidence)]
   config.truncation.tokens = 0
   config.truncation.match_results = ''
   with pytest.raises(runner.shared.PipelineError, match='truncation.tokens must be >= 1'):
     runner.run(config, config.workdir)
+
+
+def test_the_command_line_names_the_line_of_a_bad_request_and_a_missing_export(tmp_path, capsys):
+  bad = tmp_path / 'requests.jsonl'
+  bad.write_text(json.dumps({'question': 'q?', 'ctxs': []}) + '\n' + json.dumps({'ctxs': []}) + '\n')
+  assert inference.main(['--compressor', str(tmp_path), '--input', str(bad), '--output', str(tmp_path / 'o')]) == 2
+  assert f"{bad}:2: field 'question'" in capsys.readouterr().err
+  good = tmp_path / 'good.jsonl'
+  good.write_text(json.dumps({'question': 'q?', 'ctxs': []}) + '\n')
+  assert inference.main(['--compressor', str(tmp_path), '--input', str(good), '--output', str(tmp_path / 'o')]) == 2
+  assert f"{tmp_path}/compressor.json:?: no such file" in capsys.readouterr().err

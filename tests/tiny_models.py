@@ -131,3 +131,21 @@ def char_tokenizer(vocab_size: int, seq2seq: bool = False):
     tok.post_processor = processors.TemplateProcessing(single='<bos> $A', special_tokens=[('<bos>', 2)])
   return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<bos>',
                                               eos_token='<eos>', pad_token='<pad>', unk_token='<unk>')
+
+
+def check_export_reproduces_the_trained_row(workdir, row: str) -> list[str]:
+  """``recomp_jax.load_compressor(workdir/compressor)`` gives, on the run's test questions, the
+  evidence that ``row`` of ``workdir/predictions.jsonl`` holds, question by question; returns it."""
+  import json
+  import os
+
+  import recomp_jax
+  from recomp_jax.data import stage_records
+  compressor = recomp_jax.load_compressor(os.path.join(str(workdir), 'compressor'))
+  examples = stage_records.read_examples(os.path.join(str(workdir), 'stages', 'retrieve', 'test.jsonl'))
+  with open(os.path.join(str(workdir), 'predictions.jsonl'), encoding='utf-8') as f:
+    expected = {p['id']: p['evidence'] for p in map(json.loads, f) if p['row'] == row}
+  assert len(expected) == len(examples) > 0
+  got = compressor.compress([e.question for e in examples], [e.ctxs for e in examples])
+  assert got == [expected[e.id] for e in examples]
+  return got

@@ -39,7 +39,11 @@ from typing import Sequence
 import numpy as np
 
 from recomp_jax.data.schema import FilterReport, Passage
+from recomp_jax.models import generation
+from recomp_jax.pretrained import load_pretrained
 from recomp_jax.reader import prompts
+from recomp_jax.training.finetune import fit_prompt
+from recomp_jax.training.objectives import is_seq2seq
 
 KEEP, EMPTY, FILTERED = 'summary', 'empty', 'filtered'
 
@@ -285,7 +289,69 @@ def table5(targets: Sequence[Target]) -> dict:
           'kept': len(kept)}
 
 
+# ----------------------------------------------------------------------------- inference
+
+
+def fit_documents(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
+  """The compressor prompt of ``question`` over ``passages`` in at most ``budget`` tokens.
+
+  When too long, the documents text loses its end (the question, at the start, is kept).
+  Returns ``(prompt, truncated)``; the same cut is made in training and at inference.
+  """
+  return fit_prompt(tokenizer, lambda docs: compressor_prompt(question, docs),
+                    documents_text(passages), budget)
+
+
+class Compressor:
+  """A trained abstractive compressor at inference: question + documents -> summary ('' = nothing).
+
+  Greedy decoding up to ``max_new_tokens``; generation ends at EOS (an immediate EOS is the
+  empty summary of selective augmentation). ``empty_threshold`` 0 is the paper's plain greedy
+  decoding; above 0 the summary is empty iff the model's probability of stopping at once is at
+  least that (:class:`recomp_jax.models.generation.SamplingConfig`): a small compressor trained
+  with a third of its targets empty otherwise writes nothing for every question, because no
+  single first word is as likely as stopping.
+  """
+
+  def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8,
+               empty_threshold: float = 0.0, top_docs: int | None = None):
+    cls = generation.T5Generator if is_seq2seq(model) else generation.GemmaGenerator
+    self.tokenizer = tokenizer
+    self.generator = cls(model, tokenizer, batch_size=batch_size)
+    self.max_source_length = max_source_length
+    self.max_new_tokens = max_new_tokens
+    self.empty_threshold = empty_threshold
+    self.top_docs = top_docs  # None: every passage it is given (the pipeline cuts them itself)
+
+  @classmethod
+  def load(cls, directory: str, **kwargs) -> 'Compressor':
+    pretrained = load_pretrained(directory)
+    return cls(pretrained.model, pretrained.tokenizer(), **kwargs)
+
+  def compress(self, questions: Sequence[str], passages: Sequence[Sequence[Passage]]) -> list[str]:
+    """One summary per question of its passages ('' = the compressor chose to say nothing)."""
+    inputs = [fit_documents(self.tokenizer, q, list(p)[:self.top_docs], self.max_source_length)[0]
+              for q, p in zip(questions, passages)]
+    texts = self.generator(inputs, max_new_tokens=self.max_new_tokens, stop_strings=(),
+                           empty_threshold=self.empty_threshold)
+    return [t.strip() for t in texts]
+
+
+def export_spec(model_dir: str, *, top_docs: int, max_source_length: int, max_new_tokens: int,
+                empty_threshold: float, batch_size: int) -> dict:
+  """The ``compressor.json`` fields of a trained abstractive compressor (see :func:`load`)."""
+  return {'system': 'abstractive', 'model': model_dir, 'top_docs': top_docs, 'max_source_length': max_source_length,
+          'max_new_tokens': max_new_tokens, 'empty_threshold': empty_threshold, 'batch_size': batch_size}
+
+
+def load(spec: dict) -> 'Compressor':
+  """The compressor an :func:`export_spec` describes (paths already resolved)."""
+  return Compressor.load(spec['model'], max_source_length=spec['max_source_length'],
+                         max_new_tokens=spec['max_new_tokens'], empty_threshold=spec['empty_threshold'],
+                         top_docs=spec['top_docs'], batch_size=spec['batch_size'])
+
+
 __all__ = ['COMPRESSOR_PROMPT', 'EMPTY', 'FILTERED', 'KEEP', 'STOPWORDS', 'Target', 'compressor_prompt',
            'BOTH_WRONG', 'content_words', 'critic_lm', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
            'oracle_choice', 'qa_decision', 'reader_best_sentences', 'selective_augmentation_f1', 'TARGET_SOURCES',
-           'table5']
+           'table5', 'Compressor', 'export_spec', 'fit_documents', 'load']

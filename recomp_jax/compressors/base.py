@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import os
 from typing import Any, ClassVar, Sequence
 
-from recomp_jax.data import stage_records
-from recomp_jax.data.schema import Example
+from recomp_jax.data import formats, stage_records
+from recomp_jax.data.schema import DataError, Example
 from recomp_jax.evaluation.rows import Row
 
 
@@ -38,11 +39,13 @@ class Context:
     runner: the :class:`recomp_jax.stages.StageRunner` of the workdir.
     resources: the run's models (:class:`recomp_jax.pipelines.shared.Resources`).
     summaries: stage name -> summary of every stage that has run (head stages first).
+    outputs: what the system's stages handed forward (:attr:`Handoff.outputs`), for its rows.
   """
   config: Any
   runner: Any
   resources: Any
   summaries: dict = dataclasses.field(default_factory=dict)
+  outputs: dict = dataclasses.field(default_factory=dict)
 
   def stage_dir(self, name: str) -> str:
     return self.runner.stage_dir(name)
@@ -54,6 +57,52 @@ class Context:
   def candidates(self, split: str) -> dict[str, list[str]]:
     """``{example id: candidate sentences}`` of ``split`` (``'dev_all'``: dev, uncapped)."""
     return stage_records.load_candidates(self.stage_dir('candidates'), split)
+
+
+EXPORT_FILE = 'compressor.json'
+# Fields of a compressor.json that are paths, stored relative to its directory.
+EXPORT_PATHS = ('model', 'encoder', 'tokenizer')
+
+
+def write_export(directory: str, spec: dict) -> str:
+  """Writes ``{directory}/compressor.json`` (:func:`recomp_jax.load_compressor` reads it): the
+  system's inference fields, path fields relative to ``directory``. Returns the file's path."""
+  os.makedirs(directory, exist_ok=True)
+  spec = {k: os.path.relpath(v, directory) if k in EXPORT_PATHS else v for k, v in spec.items()}
+  path = os.path.join(directory, EXPORT_FILE)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(spec, f, indent=2)
+  os.replace(path + '.tmp', path)
+  return path
+
+
+def read_export(directory: str) -> dict:
+  """The fields of ``{directory}/compressor.json`` with its paths made absolute.
+
+  Raises:
+    DataError: a missing or damaged file, or one without a ``system`` field (file and line named).
+  """
+  path = os.path.join(directory, EXPORT_FILE)
+  if not os.path.exists(path):
+    raise DataError(path, None, None, 'no such file: an exported compressor directory holds one '
+                    '(every run writes {workdir}/compressor/)')
+  spec = formats.read_json(path)
+  if not isinstance(spec, dict) or not isinstance(spec.get('system'), str):
+    raise DataError(path, 1, 'system', 'missing (the system that trained the compressor)')
+  return {k: os.path.normpath(os.path.join(directory, v)) if k in EXPORT_PATHS else v for k, v in spec.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+  """What a system's :meth:`System.stages` hands to the evaluation.
+
+  Attributes:
+    deps: the stage names the evaluate stage depends on (their fingerprints enter its own).
+    outputs: what the rows read from those stages (e.g. ``{'train_dirs': {seed: directory}}``);
+      the runner puts it in :attr:`Context.outputs`. Nothing else travels from stages to rows.
+  """
+  deps: tuple[str, ...] = ()
+  outputs: dict = dataclasses.field(default_factory=dict)
 
 
 class System(abc.ABC):
@@ -76,8 +125,8 @@ class System(abc.ABC):
     """Checks the config before any work (raise ``PipelineError`` with a clear message)."""
 
   @abc.abstractmethod
-  def stages(self, ctx: Context) -> tuple[str, ...]:
-    """Runs the system's stages after the head; returns the names evaluation depends on."""
+  def stages(self, ctx: Context) -> Handoff:
+    """Runs the system's stages after the head; returns what the evaluation depends on and reads."""
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     """Config values beyond ``config.eval`` and the reader that change the evaluation."""
@@ -112,6 +161,12 @@ class System(abc.ABC):
     """Tables ``{title, header, rows}`` beyond the rows table, from the evaluated ``records``
     (row id -> its record of :func:`recomp_jax.evaluation.rows.evaluate_rows`)."""
     return []
+
+  def export(self, ctx: Context, directory: str) -> dict | None:
+    """The run's compressor for :func:`recomp_jax.load_compressor`: the fields of its
+    ``compressor.json`` (paths absolute; the runner writes the file into ``directory``, where this
+    method may put what the fields point to), or None when the run has no compressor to export."""
+    return None
 
   def notes(self, config, summaries: dict) -> list[str]:
     """Sentences for the results file (dev-side choices, what was tuned where)."""

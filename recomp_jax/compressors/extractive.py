@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from recomp_jax.data.schema import FilterReport
+from recomp_jax.data.schema import FilterReport, Passage
+from recomp_jax.data.sentences import build_candidates
+from recomp_jax.models.dual_encoder import Encoder
 from recomp_jax.reader import prompts
 from recomp_jax.training import losses
 
@@ -318,7 +320,36 @@ def compress(encoder, questions: Sequence[str], candidates: Sequence[Sequence[st
   return evidence_per_question(candidates, rank_candidates(encoder, questions, candidates), k)
 
 
+
+class SentenceCompressor:
+  """``compress(questions, documents)``: the ``k`` candidate sentences of the top documents the
+  encoder ranks first, candidates built as the pipeline's ``candidates`` stage builds them."""
+
+  def __init__(self, encoder, *, k: int, top_docs: int, max_candidates: int | None):
+    self.encoder, self.k, self.top_docs, self.max_candidates = encoder, k, top_docs, max_candidates
+
+  def compress(self, questions: Sequence[str], documents: Sequence[Sequence[Passage]]) -> list[str]:
+    candidates = [[c.text for c in build_candidates(list(d), top_docs=self.top_docs, max_candidates=self.max_candidates)]
+                  for d in documents]
+    return compress(self.encoder, questions, candidates, self.k)
+
+
+def export_spec(encoder_dir: str, *, k: int, top_docs: int, max_candidates: int, pooling: str,
+                normalize: bool, max_length: int) -> dict:
+  """The ``compressor.json`` fields of a trained extractive compressor (see :func:`load`)."""
+  return {'system': 'extractive', 'encoder': encoder_dir, 'k': k, 'top_docs': top_docs,
+          'max_candidates': max_candidates, 'pooling': pooling, 'normalize': normalize, 'max_length': max_length}
+
+
+def load(spec: dict) -> SentenceCompressor:
+  """The compressor an :func:`export_spec` describes (paths already resolved)."""
+  kwargs = {'pooling': spec['pooling']} if spec['pooling'] else {}
+  encoder = Encoder.from_pretrained(spec['encoder'], max_length=spec['max_length'] or None,
+                                    normalize=bool(spec['normalize']), **kwargs)
+  return SentenceCompressor(encoder, k=spec['k'], top_docs=spec['top_docs'], max_candidates=spec['max_candidates'] or None)
+
+
 __all__ = ['ListwiseExample', 'TrainingPair', 'candidate_suffix', 'compress', 'contrastive_loss_fn',
            'count_truncated', 'em_labels', 'evidence_per_question', 'listwise_arrays', 'listwise_loss_fn', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
-           'top_k_evidence']
+           'top_k_evidence', 'SentenceCompressor', 'export_spec', 'load']

@@ -52,7 +52,8 @@ import numpy as np
 from recomp_jax.data.schema import Passage
 from recomp_jax.data.sentences import split_sentences
 from recomp_jax.evaluation import qa_metrics
-from recomp_jax.reader import prompts
+from recomp_jax.reader import Reader, prompts
+from recomp_jax.training.finetune import fit_prompt
 
 MEASURES = ('strinc', 'lexical', 'cxmi')
 VARIANTS = ('paper', 'released')
@@ -326,11 +327,44 @@ def passage_prompt(question: str, passage: Passage) -> str:
 def generator_prompt(question: str, context: str) -> str:
   """``t ⊕ q`` for the generator: the reader protocol's prompt without its few-shot block
   (the generator is fine-tuned; an empty context gives the question alone)."""
-  from recomp_jax.reader import prompts  # pylint: disable=import-outside-toplevel
   return prompts.build_prompt(question, context, few_shot='')
 
 
-__all__ = ['CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
+
+def filter_input(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
+  """``q ⊕ P`` for the filter model, the passages cut at their end to fit ``budget`` tokens."""
+  return fit_prompt(tokenizer, lambda docs: filter_prompt(question, docs), passages_text(passages), budget)
+
+
+class FilterCompressor:
+  """``compress(questions, documents)``: the filter model's context ``t`` of each question's top
+  passages (greedy; '' when it writes nothing), as FILCO's test rows compute it."""
+
+  def __init__(self, model_dir: str, *, top_docs: int, max_source_length: int, max_new_tokens: int,
+               batch_size: int = 8):
+    self.reader = Reader(model_dir, generate_batch_size=batch_size, max_new_tokens=max_new_tokens)
+    self.top_docs, self.max_source_length = top_docs, max_source_length
+
+  def compress(self, questions: Sequence[str], documents: Sequence[Sequence[Passage]]) -> list[str]:
+    inputs = [filter_input(self.reader.tokenizer, q, list(d)[:self.top_docs], self.max_source_length)[0]
+              for q, d in zip(questions, documents)]
+    return self.reader.answer(inputs)
+
+
+def export_spec(model_dir: str, *, top_docs: int, max_source_length: int, max_new_tokens: int,
+                batch_size: int) -> dict:
+  """The ``compressor.json`` fields of a trained FILCO filter model (see :func:`load`)."""
+  return {'system': 'filco', 'model': model_dir, 'top_docs': top_docs, 'max_source_length': max_source_length,
+          'max_new_tokens': max_new_tokens, 'batch_size': batch_size}
+
+
+def load(spec: dict) -> FilterCompressor:
+  """The compressor an :func:`export_spec` describes (paths already resolved)."""
+  return FilterCompressor(spec['model'], top_docs=spec['top_docs'], max_source_length=spec['max_source_length'],
+                          max_new_tokens=spec['max_new_tokens'], batch_size=spec['batch_size'])
+
+
+__all__ = ['FilterCompressor', 'export_spec', 'filter_input', 'load', 'CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
            'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
            'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_context', 'ranked_filter',
            'released_exact_match',

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from recomp_jax.data.schema import Example
+from recomp_jax.data.schema import Example, Passage
 from recomp_jax.reader import prompts
 
 
@@ -23,7 +23,25 @@ def truncate(tokenizer, text: str, k: int) -> str:
 
 def compress(tokenizer, examples: Sequence[Example], *, k: int, top_docs: int) -> list[str]:
   """Per example: its top ``top_docs`` documents in the reader's document format, cut to ``k`` tokens."""
-  return [truncate(tokenizer, prompts.format_documents(e.ctxs[:top_docs]), k) for e in examples]
+  return TruncationCompressor(tokenizer, k=k, top_docs=top_docs).compress([e.question for e in examples],
+                                                                          [e.ctxs for e in examples])
+
+
+class TruncationCompressor:
+  """``compress(questions, documents)``: the first ``k`` tokens of each question's top documents."""
+
+  def __init__(self, tokenizer, *, k: int, top_docs: int):
+    self.tokenizer, self.k, self.top_docs = tokenizer, k, top_docs
+
+  def compress(self, questions: Sequence[str], documents: Sequence[Sequence[Passage]]) -> list[str]:
+    del questions  # truncation reads the documents only
+    return [truncate(self.tokenizer, prompts.format_documents(list(d)[:self.top_docs]), self.k) for d in documents]
+
+
+def load(spec: dict) -> TruncationCompressor:
+  """The compressor of a ``compressor.json`` (``tokenizer``: the reader's tokenizer directory)."""
+  from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel  (heavy; inference only)
+  return TruncationCompressor(AutoTokenizer.from_pretrained(spec['tokenizer']), k=spec['k'], top_docs=spec['top_docs'])
 
 
 def matched_tokens(results_path: str, row: str = 'trained') -> int:
@@ -35,4 +53,4 @@ def matched_tokens(results_path: str, row: str = 'trained') -> int:
   return max(int(round(rows[row]['tokens'])), 1)
 
 
-__all__ = ['compress', 'matched_tokens', 'truncate']
+__all__ = ['TruncationCompressor', 'compress', 'load', 'matched_tokens', 'truncate']

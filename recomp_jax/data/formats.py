@@ -190,6 +190,15 @@ def _parse_dpr(rec, where, default_id):
   return Example(ex_id, question, answers, ctxs, gold_ctx, dict(meta))
 
 
+def parse_request(rec: Any, where: Location, default_id: str) -> Example:
+  """A question with its retrieved passages and no answers (``{"id", "question", "ctxs"}``,
+  ``ctxs`` as in ``'dpr'``): a line of :mod:`recomp_jax.inference`'s command-line input."""
+  if not isinstance(rec, Mapping):
+    raise where.error(None, f'expected a JSON object, got {type(rec).__name__}')
+  ex_id = _record_id(rec, ('id', 'question_id', 'qid'), where, default_id)
+  return Example(ex_id, require_str(rec, 'question', where), [], _parse_ctxs(rec, 'ctxs', where, ex_id))
+
+
 def _parse_flashrag(rec, where, default_id):
   ex_id = _record_id(rec, ('id',), where, default_id)
   meta = rec.get('metadata')

@@ -36,7 +36,8 @@ import numpy as np
 from absl import logging
 
 from recomp_jax.compressors import abstractive
-from recomp_jax.compressors.base import Context, System
+from recomp_jax.compressors.abstractive import Compressor, fit_documents  # noqa: F401  (re-exported)
+from recomp_jax.compressors.base import Context, Handoff, System
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
@@ -288,17 +289,6 @@ def load_critic(directory: str, split: str) -> dict[str, dict]:
 # ----------------------------------------------------------------------------- compressor
 
 
-def fit_documents(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
-  """The compressor prompt of ``question`` over ``passages`` in at most ``budget`` tokens.
-
-  When too long, the documents text loses its end (the question, at the start, is kept).
-  Returns ``(prompt, truncated)``; the same cut is made in training and at inference.
-  """
-  from recomp_jax.training.finetune import fit_prompt  # pylint: disable=import-outside-toplevel
-  return fit_prompt(tokenizer, lambda docs: abstractive.compressor_prompt(question, docs),
-                    abstractive.documents_text(passages), budget)
-
-
 def train_compressor(config, model, tokenizer, train: list[tuple[str, str]], dev: list[tuple[str, str]],
                      *, seed: int, directory: str, export) -> tuple[dict, object]:
   """:func:`recomp_jax.training.finetune.finetune` of the compressor (``config.compressor``)."""
@@ -361,42 +351,6 @@ def training_probe(config, ctx: Context, tokenizer):
   return compressor_probe
 
 
-class Compressor:
-  """A trained abstractive compressor at inference: question + documents -> summary ('' = nothing).
-
-  Greedy decoding up to ``max_new_tokens``; generation ends at EOS (an immediate EOS is the
-  empty summary of selective augmentation). ``empty_threshold`` 0 is the paper's plain greedy
-  decoding; above 0 the summary is empty iff the model's probability of stopping at once is at
-  least that (:class:`recomp_jax.models.generation.SamplingConfig`): a small compressor trained
-  with a third of its targets empty otherwise writes nothing for every question, because no
-  single first word is as likely as stopping.
-  """
-
-  def __init__(self, model, tokenizer, *, max_source_length: int, max_new_tokens: int, batch_size: int = 8,
-               empty_threshold: float = 0.0):
-    from recomp_jax.models import generation  # pylint: disable=import-outside-toplevel
-    from recomp_jax.training.finetune import is_seq2seq  # pylint: disable=import-outside-toplevel
-    cls = generation.T5Generator if is_seq2seq(model) else generation.GemmaGenerator
-    self.tokenizer = tokenizer
-    self.generator = cls(model, tokenizer, batch_size=batch_size)
-    self.max_source_length = max_source_length
-    self.max_new_tokens = max_new_tokens
-    self.empty_threshold = empty_threshold
-
-  @classmethod
-  def load(cls, directory: str, **kwargs) -> 'Compressor':
-    from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
-    pretrained = load_pretrained(directory)
-    return cls(pretrained.model, pretrained.tokenizer(), **kwargs)
-
-  def compress(self, questions: Sequence[str], passages: Sequence[Sequence]) -> list[str]:
-    prompts = [fit_documents(self.tokenizer, q, p, self.max_source_length)[0]
-               for q, p in zip(questions, passages)]
-    texts = self.generator(prompts, max_new_tokens=self.max_new_tokens, stop_strings=(),
-                           empty_threshold=self.empty_threshold)
-    return [t.strip() for t in texts]
-
-
 def compress_split(compressor: Compressor, examples: Sequence[Example], top_docs: int, out_path: str,
                    *, chunk: int = 32) -> dict[str, str]:
   """The compressor's summary of every example, appended to ``out_path`` (resumable)."""
@@ -447,16 +401,16 @@ class AbstractiveSystem(System):
       inputs['splits'] = list(teacher_splits(config))
     return inputs
 
-  def stages(self, ctx: Context) -> tuple[str, ...]:
+  def stages(self, ctx: Context) -> Handoff:
     config, runner = ctx.config, ctx.runner
-    self.train_dirs: dict[int, str] = {}
+    train_dirs: dict[int, str] = {}
     teacher_inputs = self._teacher_inputs(config)
     ctx.summaries['teacher'] = runner.run('teacher', teacher_inputs,
                                           lambda d: stage_teacher(config, ctx, d),
                                           deps=('retrieve',), code=TEACHER_CODE,
                                           collective=False)  # one process calls the teacher
     if not shared.trains(config):
-      return ('teacher',)
+      return Handoff(('teacher',), {'train_dirs': train_dirs})
     source = 'teacher'
     critic_inputs = shared.reader_inputs(config)
     if config.critic.both_wrong != 'drop':  # the paper's rule keeps the fingerprint of earlier runs
@@ -478,14 +432,15 @@ class AbstractiveSystem(System):
     names = []
     for seed in config.train.seeds:
       name = f'train_seed{seed}'
-      self.train_dirs[seed] = ctx.stage_dir(name)
+      train_dirs[seed] = ctx.stage_dir(name)
       ctx.summaries[name] = runner.run(
           name, {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed,
                  'top_docs': config.candidates.top_docs},
           lambda d, seed=seed: stage_train(config, ctx, ctx.stage_dir('critic'), seed, d),
           deps=('critic',), code=TRAIN_CODE, resumable=True)
       names.append(name)
-    return ('teacher',) + (('sentence_targets',) if source != 'teacher' else ()) + ('critic',) + tuple(names)
+    deps = ('teacher',) + (('sentence_targets',) if source != 'teacher' else ()) + ('critic',) + tuple(names)
+    return Handoff(deps, {'train_dirs': train_dirs})
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     c = ctx.config.compressor
@@ -510,7 +465,7 @@ class AbstractiveSystem(System):
       plan.append(Row('teacher', 'teacher', lambda: [first[e.id] or '' for e in examples]))
     if 'trained' in keys:
       c = config.compressor
-      for seed, d in sorted(getattr(self, 'train_dirs', {}).items()):
+      for seed, d in sorted(ctx.outputs['train_dirs'].items()):
         def evidence(d=d, seed=seed):
           compressor = Compressor.load(os.path.join(d, 'compressor_best'), max_source_length=c.max_source_length,
                                        max_new_tokens=c.max_new_tokens, batch_size=c.generate_batch_size,
@@ -548,6 +503,16 @@ class AbstractiveSystem(System):
       return records
 
     return map_resumable(path, examples, choose, chunk=64, desc='A.5 oracle')
+
+  def export(self, ctx: Context, directory: str) -> dict | None:
+    dirs = ctx.outputs['train_dirs']
+    if not dirs:
+      return None
+    c = ctx.config.compressor
+    return abstractive.export_spec(os.path.join(dirs[min(dirs)], 'compressor_best'),
+                                   top_docs=ctx.config.candidates.top_docs, max_source_length=c.max_source_length,
+                                   max_new_tokens=c.max_new_tokens, empty_threshold=c.empty_threshold,
+                                   batch_size=c.generate_batch_size)
 
   def row_name(self, key: str, config) -> str:
     return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]

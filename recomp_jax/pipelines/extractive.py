@@ -32,7 +32,7 @@ from absl import logging
 
 from recomp_jax import sharding
 from recomp_jax.compressors import extractive
-from recomp_jax.compressors.base import Context, System
+from recomp_jax.compressors.base import Context, Handoff, System
 from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import qa_metrics
@@ -477,11 +477,11 @@ class ExtractiveSystem(System):
     fields = {k: v for k, v in config.to_dict()['encoder'].items() if k not in ('remat', 'scan_layers')}
     return {**fields, 'weights': shared.model_fingerprint(config.encoder.model, 'encoder')}
 
-  def stages(self, ctx: Context) -> tuple[str, ...]:
+  def stages(self, ctx: Context) -> Handoff:
     config, runner, models = ctx.config, ctx.runner, ctx.resources
-    self.train_dirs: dict[str, dict[int, str]] = {}
+    train_dirs: dict[str, dict[int, str]] = {}  # objective -> seed -> stage directory
     if not shared.trains(config):
-      return ()
+      return Handoff((), {'train_dirs': train_dirs})
     cfg = config.to_dict()
     dirs = {n: ctx.stage_dir(n) for n in ('retrieve', 'candidates', 'label', 'pairs')}
     encoder_inputs = self._encoder_inputs(config)
@@ -503,7 +503,7 @@ class ExtractiveSystem(System):
     names = []
     for objective, seed in runs:
       name = f'train_{objective}_seed{seed}'
-      self.train_dirs.setdefault(objective, {})[seed] = ctx.stage_dir(name)
+      train_dirs.setdefault(objective, {})[seed] = ctx.stage_dir(name)
       ctx.summaries[name] = runner.run(
           name, {'train': train_fields, 'objective': objective, 'encoder': encoder_inputs,
                  'layer_execution': {'remat': config.encoder.remat, 'scan_layers': config.encoder.scan_layers},
@@ -513,7 +513,7 @@ class ExtractiveSystem(System):
               models, d, objective=objective),
           deps=('pairs', 'label'), code=TRAIN_CODE, resumable=True)
       names.append(name)
-    return tuple(names)
+    return Handoff(tuple(names), {'train_dirs': train_dirs})
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     return {'encoder': self._encoder_inputs(ctx.config)}
@@ -541,7 +541,7 @@ class ExtractiveSystem(System):
                                   max_candidates=config.eval.oracle_em_max_candidates)
       em_choice = [choices[e.id]['choice'] for e in examples]
     loglik = None if labels is None else [labels[e.id]['loglik'] for e in examples]
-    train_dirs = getattr(self, 'train_dirs', {})
+    train_dirs = ctx.outputs['train_dirs']
     main_dirs = train_dirs.get(config.train.objective, {})
     compare_dirs = train_dirs.get(config.train.compare_objective, {}) if config.train.compare_objective else {}
 
@@ -596,6 +596,16 @@ class ExtractiveSystem(System):
       summary['oracle_em_found_percent'] = 100.0 * float(np.mean([c >= 0 for c in em_choice]))
       summary['oracle_em_max_candidates'] = int(ctx.config.eval.oracle_em_max_candidates)
     return summary
+
+  def export(self, ctx: Context, directory: str) -> dict | None:
+    dirs = ctx.outputs['train_dirs'].get(ctx.config.train.objective, {})
+    if not dirs:
+      return None
+    config, enc = ctx.config, ctx.config.encoder
+    return extractive.export_spec(os.path.join(dirs[min(dirs)], 'encoder_best'), k=config.eval.top_k_sentences,
+                                  top_docs=config.candidates.top_docs,
+                                  max_candidates=config.candidates.max_candidates_eval, pooling=enc.pooling,
+                                  normalize=bool(enc.normalize), max_length=enc.max_passage_length)
 
   def row_name(self, key: str, config) -> str:
     return row_name(key, config.eval.top_k_sentences, objective=config.train.objective,

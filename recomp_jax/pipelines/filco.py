@@ -40,7 +40,8 @@ import ml_collections
 import numpy as np
 
 from recomp_jax.compressors import filco
-from recomp_jax.compressors.base import Context, System
+from recomp_jax.compressors.filco import filter_input  # noqa: F401  (re-exported)
+from recomp_jax.compressors.base import Context, Handoff, System
 from recomp_jax.data.formats import iter_jsonl, read_json
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
@@ -152,13 +153,6 @@ def load_silver(directory: str, split: str) -> dict[str, dict]:
 
 
 # ----------------------------------------------------------------------------- training pairs
-
-
-def filter_input(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
-  """``q ⊕ P`` for the filter model, the passages cut at their end to fit ``budget`` tokens."""
-  from recomp_jax.training.finetune import fit_prompt  # pylint: disable=import-outside-toplevel
-  return fit_prompt(tokenizer, lambda docs: filco.filter_prompt(question, docs), filco.passages_text(passages),
-                    budget)
 
 
 def filter_inputs(config, tokenizer, examples: Sequence[Example]) -> list[str]:
@@ -515,7 +509,7 @@ class FilcoSystem(System):
     if not shared.trains(config):
       raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
 
-  def stages(self, ctx: Context) -> tuple[str, ...]:
+  def stages(self, ctx: Context) -> Handoff:
     from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     config, runner = ctx.config, ctx.runner
     cfg = config.to_dict()
@@ -537,7 +531,7 @@ class FilcoSystem(System):
       jobs.append('generator_filco')
     if 'psg' in keys:
       jobs += ['psg', 'generator_psg']
-    self.model_dirs: dict[tuple[str, int], str] = {}
+    model_dirs: dict[tuple[str, int], str] = {}  # (model, seed) -> its exported model
     names = []
     for seed in config.train.seeds:
       for what in jobs:
@@ -550,9 +544,9 @@ class FilcoSystem(System):
                                          lambda d, what=what, seed=seed: stage_finetune(config, ctx, what, seed, d),
                                          deps=('silver',) if reads_silver(what) else ('retrieve',),
                                          code=TRAIN_CODE, resumable=True)
-        self.model_dirs[(what, seed)] = os.path.join(ctx.stage_dir(name), 'model_best')
+        model_dirs[(what, seed)] = os.path.join(ctx.stage_dir(name), 'model_best')
         names.append(name)
-    return ('silver',) + tuple(names)
+    return Handoff(('silver',) + tuple(names), {'model_dirs': model_dirs})
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     cfg = ctx.config.to_dict()
@@ -567,7 +561,7 @@ class FilcoSystem(System):
     silver = load_silver(ctx.stage_dir('silver'), 'test')
     plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
             for key in keys if key in rows_lib.SHARED_ROW_KEYS]
-    dirs = getattr(self, 'model_dirs', {})
+    dirs = ctx.outputs['model_dirs']
     gen = filco.generator_prompt
     for seed in config.train.seeds:
       def reader_of(kind, seed=seed):
@@ -621,6 +615,15 @@ class FilcoSystem(System):
                       '(Table 3: output words / context words) and context tokens',
              'header': ['row', '% empty context', 'output precision (%)', 'context tokens'],
              'rows': table_rows}] + psg_decision_table(ctx.config, ctx, ctx.config.train.seeds)
+
+  def export(self, ctx: Context, directory: str) -> dict | None:
+    filters = sorted(seed for what, seed in ctx.outputs['model_dirs'] if what == 'filter')
+    if not filters:
+      return None
+    f = ctx.config.filter
+    return filco.export_spec(ctx.outputs['model_dirs'][('filter', filters[0])], top_docs=ctx.config.candidates.top_docs,
+                             max_source_length=f.max_source_length, max_new_tokens=f.max_new_tokens,
+                             batch_size=f.generate_batch_size)
 
   def notes(self, config, summaries: dict) -> list[str]:
     s = summaries.get('silver', {})

@@ -27,7 +27,7 @@ import os
 from typing import Sequence
 
 from recomp_jax import sharding, storage
-from recomp_jax.compressors.base import Context, System
+from recomp_jax.compressors.base import Context, System, write_export
 from recomp_jax.data import formats
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.pipelines import shared
@@ -102,18 +102,34 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
   ctx = Context(config, runner, shared.Resources(config, workdir))
   data_files = shared.input_files(config)
   ctx.summaries.update(shared.run_head(config, runner, ctx.resources, data_files))
-  deps = system.stages(ctx)
+  handoff = system.stages(ctx)
+  ctx.outputs.update(handoff.outputs)
+  deps = handoff.deps
   ctx.summaries['evaluate'] = runner.run(
       'evaluate', {**shared.reader_inputs(config), 'eval': config.to_dict()['eval'], 'seed': config.seed,
                    **system.evaluation_inputs(ctx)},
       lambda d: stage_evaluate(system, ctx, d),
       deps=('candidates',) + tuple(deps), code=EVAL_CODE + tuple(system.code), resumable=True)
   results = write_results(system, ctx, workdir, data_files)
+  export_compressor(system, ctx, os.path.join(workdir, 'compressor'))
   if remote is not None and sharding.is_main_process():
     runner.push_top_files()
     storage.upload_tree(os.path.join(workdir, 'tensorboard'), storage.join(remote, 'tensorboard'))
     print(f'results uploaded to {remote}', flush=True)
   return results
+
+
+def export_compressor(system: System, ctx: Context, directory: str) -> str | None:
+  """Writes the run's compressor (:meth:`System.export`) as ``directory/compressor.json`` for
+  :func:`recomp_jax.load_compressor` (process 0); returns its path, or None when there is none."""
+  if not sharding.is_main_process():
+    return None
+  spec = system.export(ctx, directory)
+  if spec is None:
+    return None
+  path = write_export(directory, spec)
+  print(f'compressor: {directory} (recomp_jax.load_compressor)', flush=True)
+  return path
 
 
 def evaluations_table(summaries: dict) -> list[dict]:
@@ -218,5 +234,5 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
   return results
 
 
-__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'get_system', 'run', 'stage_evaluate',
+__all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'export_compressor', 'get_system', 'run', 'stage_evaluate',
            'write_results']

@@ -7,10 +7,11 @@ the mean evidence tokens of ``truncation.match_row`` in the results file ``trunc
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from recomp_jax.compressors import truncation
-from recomp_jax.compressors.base import Context, System
+from recomp_jax.compressors.base import Context, Handoff, System
 from recomp_jax.data.schema import Example
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.rows import Row
@@ -38,8 +39,8 @@ class TruncationSystem(System):
       raise shared.PipelineError('truncation.tokens must be >= 1 (or name truncation.match_results)')
     shared.requested_rows(config, ROW_KEYS)
 
-  def stages(self, ctx: Context) -> tuple[str, ...]:
-    return ()
+  def stages(self, ctx: Context) -> Handoff:
+    return Handoff()
 
   def evaluation_inputs(self, ctx: Context) -> dict:
     return {'tokens': budget(ctx.config), 'top_docs': ctx.config.candidates.top_docs}
@@ -57,6 +58,12 @@ class TruncationSystem(System):
     if key == 'truncated':
       return f'first {budget(config)} tokens of the top-{config.candidates.top_docs} documents'
     return rows_lib.SHARED_ROW_NAMES[key]
+
+  def export(self, ctx: Context, directory: str) -> dict:
+    tokenizer_dir = os.path.join(directory, 'tokenizer')
+    ctx.resources.reader.tokenizer.save_pretrained(tokenizer_dir)  # k counts the reader's tokens
+    return {'system': 'truncation', 'tokenizer': tokenizer_dir, 'k': budget(ctx.config),
+            'top_docs': ctx.config.candidates.top_docs}
 
   def notes(self, config, summaries: dict) -> list[str]:
     source = (f'the mean evidence tokens of row {config.truncation.match_row!r} in '
