@@ -25,6 +25,7 @@ from recomp_jax.pretrained import gguf as gguf_reader  # noqa: E402
 PROMPT = 'Question: What is the capital of France?\nAnswer:'
 
 
+@pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_cli_converts_real_gguf_to_a_transformers_directory(tmp_path, capsys, gemma3_gguf_path,
                                                             gemma3_hf_dir, gemma3_torch,
                                                             gemma3_tokenizer):

@@ -137,6 +137,7 @@ def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_questi
   assert filco.generator_prompt('who?', '') == 'who?\nAnswer:'
 
 
+@pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_cxmi_with_the_real_reader_equals_hf_pytorch_log_likelihoods(gemma3_hf_dir, gemma3_torch):
   torch = pytest.importorskip('torch')
   from transformers import AutoTokenizer

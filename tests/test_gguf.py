@@ -405,6 +405,7 @@ def _assert_same_architecture(ours, theirs, skip=()):
   assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-6)
 
 
+@pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_real_tensors_equal_transformers_state_dict(gemma3_hf_dir, gemma3_torch):
   """(a) Every dequantised, renamed tensor equals transformers' (independent of our model).
 
@@ -486,6 +487,7 @@ def test_real_logits_match_transformers(gemma3_ours, gemma3_torch, gemma3_tokeni
     np.testing.assert_array_equal(ours.argmax(-1), reference.argmax(-1))
 
 
+@pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_real_greedy_continuation_matches_transformers(gemma3_ours, gemma3_torch, gemma3_tokenizer):
   """The greedy 20-token continuation equals transformers' ``generate`` (same EOS handling)."""
   from recomp_jax.models import generation

@@ -125,6 +125,7 @@ def test_perplexity_pools_tokens_and_bootstrap_orders_rows():
     lm_metrics.paired_bootstrap_perplexity(better, worse[:5], tokens)
 
 
+@pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_real_gemma3_window_scores_match_transformers(gemma3_ours, gemma3_torch, gemma3_tokenizer):
   """Our sharded scorer's window log-likelihoods equal HF PyTorch's on real weights, and
   evidence that contains the continuation makes it far more likely (the model copies)."""

@@ -260,8 +260,20 @@ def test_malformed_blocks(tmp_path, text, message):
     report.check_readme(readme, root=tmp_path)
 
 
-def test_repository_readme_blocks_are_current():
-  assert report.check_readme(REPO / 'README.md', root=REPO) == []
+def _pages_with_blocks() -> list[pathlib.Path]:
+  pages = [REPO / 'README.md'] + sorted((REPO / 'docs').glob('**/*.md'))
+  return [p for p in pages if report.find_blocks(p.read_text(encoding='utf-8').splitlines(), p)]
+
+
+def test_repository_readme_and_docs_blocks_are_current():
+  """README and every docs page with a report block, its paths relative to its own directory (the
+  command line's default root, so `report --check docs/results/filco.md` agrees)."""
+  pages = _pages_with_blocks()
+  names = {p.relative_to(REPO).as_posix() for p in pages}
+  assert {'README.md', 'docs/results/extractive.md', 'docs/results/abstractive.md',
+          'docs/results/filco.md'} <= names
+  stale = {p.relative_to(REPO).as_posix(): report.check_readme(p, root=p.parent) for p in pages}
+  assert stale == {name: [] for name in names}
 
 
 # ----------------------------------------------------------------------------- command line
@@ -371,3 +383,110 @@ def test_multi_file_block_round_trip_and_errors(tmp_path):
   readme.write_text('<!-- report: no-such-table results/nq.json -->\n<!-- /report -->\n')
   with pytest.raises(ValueError, match="unknown report table 'no-such-table'"):
     report.check_readme(readme, root=tmp_path)
+
+
+# ----------------------------------------------------------------------------- the summary table
+
+SUMMARY_HEADER_LINE = ('| system | dataset | metric | n | seeds | score | tokens | strongest baseline | its score | '
+                       'its tokens | score − baseline [95% CI] | results |')
+
+
+def _summary_filco() -> dict:
+  """A FILCO file whose best rows are its own ranked row, the oracle-like SILVER and FULL, in that order."""
+  rows = [{'key': key, 'name': name, 'em': 0.0, 'f1': f1, 'tokens': tokens, 'n': 100}
+          for key, name, f1, tokens in (
+              ('none', 'no retrieval', 36.02, 0.0), ('full', 'FULL: generator on the whole passage', 45.33, 107.34),
+              ('psg', 'PSG: kept passages', 41.2, 90.0), ('trained', 'FILCO: filter model predictions', 36.81, 11.64),
+              ('ranked', 'FILCO ranked', 47.0, 33.4), ('silver', 'SILVER: the silver context', 60.0, 22.8),
+              ('filtered_reader', 'filter model predictions -> zero-shot reader', 50.0, 11.64))]
+  # only the reverse pair (full − trained) is recorded: the table negates it and swaps the bounds
+  bootstrap = [{'a': 'full', 'b': 'trained', 'metric': 'f1', 'delta': 8.52, 'lo': -4.6, 'hi': 21.5},
+               {'a': 'trained', 'b': 'full', 'metric': 'em', 'delta': 1.0, 'lo': 0.0, 'hi': 2.0}]
+  return _results(system='filco', dataset='hotpotqa', n=100, seeds=[0], rows=rows, bootstrap=bootstrap)
+
+
+def test_summary_table_exact():
+  extractive = _results()
+  extractive['rows'].append({'key': 'oracle_ll', 'name': 'oracle', 'em': 40.0, 'f1': 50.0, 'tokens': 30.0,
+                             'n': 500})  # an oracle is never the baseline
+  extractive['rows'].append({'key': 'gold', 'name': 'gold passage(s)', 'em': 30.0, 'f1': 40.0, 'tokens': 200.0,
+                             'n': 500})
+  no_pair = _results(dataset='tqa', n=200, seeds=[0, 1, 2], bootstrap=[])
+  text = report.summary_table([extractive, _summary_filco(), no_pair],
+                              ['results/nq_extractive_shared.json', 'results/hotpotqa_filco_shared.json',
+                               'results/tqa.json'])
+  lines = text.splitlines()
+  assert lines[0].startswith('**Each system against its strongest baseline') and lines[1] == ''
+  assert lines[2:] == [
+      SUMMARY_HEADER_LINE,
+      '|---|---|---|---|---|---|---|---|---|---|---|---|',
+      '| RECOMP extractive | NQ | EM | 500 | 2 | 19.6 ± 0.6 | 41.0 | top-1 document | 17.6 | 111.0 | '
+      '+2.0 [-1.0, +5.0] | [extractive](docs/results/extractive.md) ([json](results/nq_extractive_shared.json)) |',
+      # not ranked / filtered_reader (FILCO's own rows) nor SILVER: FULL, named up to its colon
+      '| FILCO | HotpotQA | F1 | 100 | 1 | 36.8 | 11.6 | FULL | 45.3 | 107.3 | -8.5 [-21.5, +4.6] | '
+      '[filco](docs/results/filco.md) ([json](results/hotpotqa_filco_shared.json)) |',
+      '| RECOMP extractive | TQA | EM | 200 | 3 | 19.6 ± 0.6 | 41.0 | top-1 document | 17.6 | 111.0 | - | '
+      '[extractive](docs/results/extractive.md) ([json](results/tqa.json)) |',
+  ]
+  assert text.endswith('|\n') and 'd1ace75' not in text and '0123456789' not in text  # no commit in the table
+
+
+def test_summary_table_main_metric_field_truncation_and_perplexity():
+  # a file's own main_metric wins over its dataset's; the truncation baseline is judged by 'truncated'
+  rows = [{'key': 'none', 'name': 'no retrieval', 'em': 3.2, 'f1': 30.0, 'tokens': 0.0, 'n': 50},
+          {'key': 'top5', 'name': 'top-5 documents', 'em': 6.8, 'f1': 13.3, 'tokens': 540.0, 'n': 50},
+          {'key': 'truncated', 'name': 'first 40 tokens', 'em': 9.0, 'f1': 14.0, 'tokens': 40.0, 'n': 50}]
+  truncation = _results(system='truncation', main_metric='em', n=50, seeds=[], rows=rows,
+                        bootstrap=[{'a': 'truncated', 'b': 'top5', 'metric': 'em', 'delta': 2.2, 'lo': 0.4, 'hi': 4.0}])
+  assert report.summary_row(truncation, '../../results/t.json') == [
+      'truncation', 'NQ', 'EM', '50', '0', '9.0', '40.0', 'top-5 documents', '6.8', '540.0', '+2.2 [+0.4, +4.0]',
+      '[truncation](../../docs/results/truncation.md) ([json](../../results/t.json))']
+  # perplexity: lower is better, two decimals
+  lm = _lm_results()
+  lm['rows'].append({'key': 'trained', 'name': 'trained', 'ppl': 24.0, 'tokens': 30.0, 'n': 6})
+  assert report.strongest_baseline(lm)['key'] == 'none'
+  assert report.summary_row(lm, 'results/lm.json')[2:11] == ['PPL', '6', '0', '24.00', '30.0', 'no retrieval',
+                                                             '25.62', '0.0', '-']
+
+
+def test_summary_table_errors_name_the_file():
+  with pytest.raises(ValueError, match="x.json: the summary table needs a 'trained' row"):
+    report.summary_table([_results(rows=_results()['rows'][:3])], ['x.json'])
+  only_trained = _results(rows=[_results()['rows'][3]])
+  with pytest.raises(ValueError, match='y.json: no baseline row'):
+    report.summary_table([only_trained], ['y.json'])
+
+
+def test_summary_block_round_trip(tmp_path):
+  _write(tmp_path / 'results' / 'nq.json', _results())
+  _write(tmp_path / 'results' / 'hp.json', _summary_filco())
+  readme = tmp_path / 'README.md'
+  spec = 'summary results/nq.json results/hp.json'
+  readme.write_text(f'# p\n\n<!-- report: {spec} -->\n<!-- /report -->\n', encoding='utf-8')
+  assert report.check_readme(readme, root=tmp_path) == [spec]
+  assert report.main(['--readme', str(readme)]) == 0
+  assert report.main(['--check', str(readme)]) == 0
+  text = readme.read_text(encoding='utf-8')
+  assert SUMMARY_HEADER_LINE in text and '([json](results/hp.json)) |\n<!-- /report -->\n' in text
+
+
+def test_summary_rows_of_the_committed_files():
+  sources = ['results/nq_extractive_shared.json', 'results/tqa_filco_shared.json']
+  rows = [report.summary_row(report.load_results(REPO / s), s) for s in sources]
+  assert rows == [
+      ['RECOMP extractive', 'NQ', 'EM', '500', '3', '19.6 ± 0.5', '40.1', 'top-1 document', '17.6', '111.1',
+       '+2.0 [-0.9, +4.9]', '[extractive](docs/results/extractive.md) ([json](results/nq_extractive_shared.json))'],
+      ['FILCO', 'TQA', 'EM', '300', '1', '17.0', '0.0', 'FULL', '16.7', '107.5', '+0.3 [-2.7, +3.3]',
+       '[filco](docs/results/filco.md) ([json](results/tqa_filco_shared.json))'],
+  ]
+
+
+def test_readme_summary_links_exist():
+  """Every results page and file README's summary table links to is in the repository."""
+  blocks = [b for b in report.find_blocks((REPO / 'README.md').read_text(encoding='utf-8').splitlines())
+            if b.path.startswith('summary ')]
+  assert len(blocks) == 1
+  sources = blocks[0].path.split(' ')[1:]
+  pages = {report.results_page(report.load_results(REPO / s), s) for s in sources}
+  assert pages == {'docs/results/extractive.md', 'docs/results/abstractive.md', 'docs/results/filco.md'}
+  assert all((REPO / p).is_file() for p in pages | set(sources))
