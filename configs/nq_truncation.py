@@ -5,9 +5,8 @@ Presets (``--config=configs/nq_truncation.py:PRESET``):
   demo:   offline questions made from Wikipedia summaries.
   ci:     the demo at a tiny size (tests).
 
-``--config.truncation.match_results=results/X.json`` sets k to that file's
-``truncation.match_row`` (default ``trained``) mean evidence tokens; otherwise
-``truncation.tokens`` is k.
+k: ``truncation.tokens``, or with ``--config.truncation.match_results=results/X.json`` the
+mean evidence tokens of that file's ``truncation.match_row`` (default ``trained``).
 """
 
 import ml_collections

@@ -25,8 +25,9 @@ def test_truncate_keeps_exactly_the_first_k_tokens():
   example = Example(id='q', question='?', answers=['x'],
                     ctxs=[Passage(id='1', title='A', text='one two'), Passage(id='2', title='B', text='three')])
   full = prompts.format_documents(example.ctxs[:2])
-  assert truncation.compress(tok, [example], k=10, top_docs=2) == [full[:10].rstrip()]
-  assert truncation.compress(tok, [example], k=1000, top_docs=1) == [prompts.format_documents(example.ctxs[:1])]
+  compress = lambda k, n: truncation.TruncationCompressor(tok, k=k, top_docs=n).compress(['?'], [example.ctxs])  # noqa: E731
+  assert compress(10, 2) == [full[:10].rstrip()]
+  assert compress(1000, 1) == [prompts.format_documents(example.ctxs[:1])]
 
 
 def test_matched_tokens_reads_the_row_of_a_results_file(tmp_path):

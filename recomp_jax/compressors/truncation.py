@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from recomp_jax.data.schema import Example, Passage
+from recomp_jax.data.schema import Passage
 from recomp_jax.reader import prompts
 
 
@@ -19,12 +19,6 @@ def truncate(tokenizer, text: str, k: int) -> str:
   """The first ``k`` tokens of ``text`` under ``tokenizer``, decoded (``text`` itself when shorter)."""
   ids = tokenizer(text, add_special_tokens=False)['input_ids']
   return text if len(ids) <= k else tokenizer.decode(ids[:k]).rstrip()
-
-
-def compress(tokenizer, examples: Sequence[Example], *, k: int, top_docs: int) -> list[str]:
-  """Per example: its top ``top_docs`` documents in the reader's document format, cut to ``k`` tokens."""
-  return TruncationCompressor(tokenizer, k=k, top_docs=top_docs).compress([e.question for e in examples],
-                                                                          [e.ctxs for e in examples])
 
 
 class TruncationCompressor:
@@ -53,4 +47,4 @@ def matched_tokens(results_path: str, row: str = 'trained') -> int:
   return max(int(round(rows[row]['tokens'])), 1)
 
 
-__all__ = ['TruncationCompressor', 'compress', 'load', 'matched_tokens', 'truncate']
+__all__ = ['TruncationCompressor', 'load', 'matched_tokens', 'truncate']

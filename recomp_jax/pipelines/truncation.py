@@ -1,8 +1,5 @@
-"""The length-matched truncation baseline on the shared runner: no stages of its own, one row.
-
-After the shared head (data -> retrieve -> candidates) the evaluate stage reads the shared rows
-and ``truncated``: the top ``candidates.top_docs`` documents cut to ``truncation.tokens``, or to
-the mean evidence tokens of ``truncation.match_row`` in the results file ``truncation.match_results``.
+"""The truncation baseline on the shared runner: no stages of its own; after the shared head the
+evaluate stage reads the shared rows and ``truncated``, the top documents cut to ``k`` tokens.
 """
 
 from __future__ import annotations
@@ -50,8 +47,9 @@ class TruncationSystem(System):
     out = rows_lib.shared_rows(keys, examples)
     if 'truncated' in keys:
       tokenizer, k = ctx.resources.reader.tokenizer, budget(ctx.config)
-      out.append(Row('truncated', 'truncated', lambda: truncation.compress(
-          tokenizer, examples, k=k, top_docs=ctx.config.candidates.top_docs)))
+      compressor = truncation.TruncationCompressor(tokenizer, k=k, top_docs=ctx.config.candidates.top_docs)
+      out.append(Row('truncated', 'truncated', lambda: compressor.compress([e.question for e in examples],
+                                                                           [e.ctxs for e in examples])))
     return out
 
   def row_name(self, key: str, config) -> str:
