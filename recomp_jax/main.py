@@ -185,11 +185,15 @@ def help_text() -> str:
     lines.append(f'  {path}: {_presets(path)}')
   lines += ['', 'config fields (defaults of recomp_jax/pipelines/defaults.py; presets change some;',
             'teacher.* and compressor.* are read by the abstractive system only,',
-            'filco.*, filter.* and generator.* by the filco system only, lm.* by the lm task only):']
+            'filco.*, filter.* and generator.* by the filco system only, lm.* by the lm task only,',
+            'truncation.* by the truncation system only):']
   fields = dict(_flatten(abstractive_config()))
   fields.update((name, value) for name, value in _flatten(filco_config()) if name.split('.')[0] in
                 ('filco', 'filter', 'generator'))
   fields.update((name, value) for name, value in _flatten(lm_config()) if name.startswith('lm.'))
+  # a system whose section lives in its config file alone (docs/adding_a_system.md)
+  fields.update((name, value) for name, value in _flatten(_load_config_file('configs/nq_truncation.py:ci'))
+                if name.startswith('truncation.'))
   lines += [f'  --config.{name}={value!r}' for name, value in fields.items()]
   lines += ['', 'Results go to WORKDIR/results.json, results.md and predictions.jsonl.']
   return '\n'.join(lines)
