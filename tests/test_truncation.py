@@ -24,10 +24,11 @@ def test_truncate_keeps_exactly_the_first_k_tokens():
   assert truncation.truncate(tok, 'abc', 8) == 'abc'
   example = Example(id='q', question='?', answers=['x'],
                     ctxs=[Passage(id='1', title='A', text='one two'), Passage(id='2', title='B', text='three')])
-  full = prompts.format_documents(example.ctxs[:2])
   compress = lambda k, n: truncation.TruncationCompressor(tok, k=k, top_docs=n).compress(['?'], [example.ctxs])  # noqa: E731
-  assert compress(10, 2) == [full[:10].rstrip()]
-  assert compress(1000, 1) == [prompts.format_documents(example.ctxs[:1])]
+  # the best document first: its start survives the cut (the reader's format puts it last)
+  assert compress(4, 2) == ['A\non']
+  assert compress(14, 2) == ['A\none two\nB\nth']
+  assert compress(1000, 1) == [prompts.format_documents(example.ctxs[:1])] == ['A\none two']
 
 
 def test_matched_tokens_reads_the_row_of_a_results_file(tmp_path):
@@ -56,10 +57,10 @@ def test_ci_run_end_to_end_with_k_matched_to_another_run(tmp_path, monkeypatch, 
   # decoding the first 12 tokens and reading them again may merge or split one token at the cut
   assert 10 <= rows['truncated']['tokens'] <= 13 < rows['top1']['tokens']
   predictions = [json.loads(line) for line in open(os.path.join(config.workdir, 'predictions.jsonl'))]
-  top5 = {p['id']: p['evidence'] for p in predictions if p['row'] == 'top5'}
+  top1 = {p['id']: p['evidence'] for p in predictions if p['row'] == 'top1'}
   for p in predictions:
-    if p['row'] == 'truncated':
-      assert top5[p['id']].startswith(p['evidence']) and p['evidence']
+    if p['row'] == 'truncated':  # 12 tokens: the start of the top document
+      assert top1[p['id']].startswith(p['evidence']) and p['evidence']
   assert {(b['a'], b['b']) for b in results['bootstrap']} == {('truncated', k) for k in ('none', 'top1', 'top5')}
   assert results['notes'] == [f"Truncation budget k = 12 reader tokens, from the mean evidence tokens of row "
                               f"'trained' in {other}."]

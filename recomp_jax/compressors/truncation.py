@@ -1,18 +1,11 @@
-"""Length-matched truncation: the first ``k`` reader tokens of the top documents.
-
-The baseline every compressor must beat at equal evidence length: no model, no training, the
-documents as retrieved cut after ``k`` tokens. ``k`` is set to a trained system's mean evidence
-tokens (:func:`matched_tokens` reads them from its ``results.json``), so the comparison holds
-the reader's budget fixed.
+"""Length-matched truncation, the baseline a compressor must beat at equal evidence length: the
+top documents cut after ``k`` reader tokens, ``k`` a trained run's mean (:func:`matched_tokens`).
 """
-
-from __future__ import annotations
 
 import json
 from typing import Sequence
 
 from recomp_jax.data.schema import Passage
-from recomp_jax.reader import prompts
 
 
 def truncate(tokenizer, text: str, k: int) -> str:
@@ -29,7 +22,13 @@ class TruncationCompressor:
 
   def compress(self, questions: Sequence[str], documents: Sequence[Sequence[Passage]]) -> list[str]:
     del questions  # truncation reads the documents only
-    return [truncate(self.tokenizer, prompts.format_documents(list(d)[:self.top_docs]), self.k) for d in documents]
+    return [truncate(self.tokenizer, in_rank_order(list(d)[:self.top_docs]), self.k) for d in documents]
+
+
+def in_rank_order(passages: Sequence[Passage]) -> str:
+  """``'{title}\n{text}'`` blocks best first, so the first ``k`` tokens are the top document's start
+  (the reader's own format, :func:`recomp_jax.reader.prompts.format_documents`, puts the best last)."""
+  return '\n'.join(f'{p.title}\n{p.text}' for p in passages)
 
 
 def load(spec: dict) -> TruncationCompressor:
@@ -47,4 +46,4 @@ def matched_tokens(results_path: str, row: str = 'trained') -> int:
   return max(int(round(rows[row]['tokens'])), 1)
 
 
-__all__ = ['TruncationCompressor', 'load', 'matched_tokens', 'truncate']
+__all__ = ['TruncationCompressor', 'in_rank_order', 'load', 'matched_tokens', 'truncate']
