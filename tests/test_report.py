@@ -488,5 +488,6 @@ def test_readme_summary_links_exist():
   assert len(blocks) == 1
   sources = blocks[0].path.split(' ')[1:]
   pages = {report.results_page(report.load_results(REPO / s), s) for s in sources}
-  assert pages == {'docs/results/extractive.md', 'docs/results/abstractive.md', 'docs/results/filco.md'}
+  assert pages == {'docs/results/extractive.md', 'docs/results/abstractive.md', 'docs/results/filco.md',
+                   'docs/results/truncation.md'}
   assert all((REPO / p).is_file() for p in pages | set(sources))
