@@ -113,6 +113,37 @@ def _leftmost_with_room(free_tokens: list[int], free_targets: list[int], size: i
   raise AssertionError('no row has room; an empty row always has')
 
 
+def _framing(tokenizer, *, add_bos: bool, add_eos: bool, pad_id: int | None) -> tuple[list[int], list[int], int]:
+  """``(head, tail, pad)``: the BOS before and EOS after every row (empty when not added), and the pad id."""
+  bos = _bos_id(tokenizer) if add_bos else None
+  if add_bos and bos is None:
+    raise ValueError('the tokenizer has no bos_token_id; pass add_bos=False')
+  eos = tokenizer.eos_token_id if add_eos else None
+  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  return ([bos] if bos is not None else []), ([eos] if eos is not None else []), pad
+
+
+def _fit_row(prompt: list[int], target_length: int, *, head: list[int], tail: list[int], max_length: int,
+             max_target_length: int | None, report: TruncationReport) -> tuple[list[int], int]:
+  """The one truncation rule of the causal-LM rows: the target loses its end (to
+  ``max_target_length`` with EOS, and to leave a prompt token), then the prompt its beginning, so
+  ``head + prompt + target + tail`` fits ``max_length``; both counted in ``report``.
+  Returns ``(prompt kept, target tokens kept)``."""
+  report.examples += 1
+  budget = max_length - len(head) - len(tail)
+  if budget < 1:
+    raise ValueError(f'max_length={max_length} leaves no room for tokens')
+  limit = budget - 1 if max_target_length is None else min(budget - 1, max_target_length - len(tail))
+  kept = target_length
+  if target_length > limit:
+    report.targets_truncated += 1
+    kept = max(limit, 0)
+  if len(prompt) + kept > budget:
+    report.prompts_truncated += 1
+    prompt = prompt[len(prompt) + kept - budget:]
+  return prompt, kept
+
+
 def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[str], *,
                      max_length: int, add_bos: bool = True, add_eos: bool = True,
                      pad_id: int | None = None, report: TruncationReport | None = None,
@@ -152,26 +183,12 @@ def causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], targets: Sequence[s
   if len(prompt_texts) != len(targets):
     raise ValueError(f'{len(prompt_texts)} prompts for {len(targets)} targets')
   report = report if report is not None else TruncationReport()
-  bos = _bos_id(tokenizer) if add_bos else None
-  eos = tokenizer.eos_token_id if add_eos else None
-  if add_bos and bos is None:
-    raise ValueError('the tokenizer has no bos_token_id; pass add_bos=False')
-  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  head, tail, pad = _framing(tokenizer, add_bos=add_bos, add_eos=add_eos, pad_id=pad_id)
   rows, starts = [], []
   for prompt, target in zip(_ids(tokenizer, prompt_texts), _ids(tokenizer, targets)):
-    report.examples += 1
-    head = [bos] if bos is not None else []
-    tail = [eos] if eos is not None else []
-    budget = max_length - len(head) - len(tail)
-    if budget < 1:
-      raise ValueError(f'max_length={max_length} leaves no room for tokens')
-    limit = budget - 1 if max_target_length is None else min(budget - 1, max_target_length - len(tail))
-    if len(target) > limit:
-      report.targets_truncated += 1
-      target = target[:max(limit, 0)]
-    if len(prompt) + len(target) > budget:
-      report.prompts_truncated += 1
-      prompt = prompt[len(prompt) + len(target) - budget:]
+    prompt, kept = _fit_row(prompt, len(target), head=head, tail=tail, max_length=max_length,
+                            max_target_length=max_target_length, report=report)
+    target = target[:kept]
     rows.append(head + prompt + target + tail)
     starts.append(len(head) + len(prompt))  # index of the first target (or EOS) token
   length = min(bucket_length(max((len(r) for r in rows), default=1)), max(max_length, 1))
@@ -327,30 +344,16 @@ def segmented_causal_lm_arrays(tokenizer, prompt_texts: Sequence[str], target_pa
   if len(prompt_texts) != len(target_parts):
     raise ValueError(f'{len(prompt_texts)} prompts for {len(target_parts)} targets')
   report = report if report is not None else TruncationReport()
-  bos = _bos_id(tokenizer) if add_bos else None
-  eos = tokenizer.eos_token_id if add_eos else None
-  if add_bos and bos is None:
-    raise ValueError('the tokenizer has no bos_token_id; pass add_bos=False')
-  pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or 0)
+  head, tail, pad = _framing(tokenizer, add_bos=add_bos, add_eos=add_eos, pad_id=pad_id)
   rows, labels = [], []  # labels: the part of every token of the row (0 on BOS and the prompt)
   for prompt, parts in zip(_ids(tokenizer, prompt_texts), target_parts):
-    report.examples += 1
-    head = [bos] if bos is not None else []
-    tail = [eos] if eos is not None else []
-    budget = max_length - len(head) - len(tail)
-    if budget < 1:
-      raise ValueError(f'max_length={max_length} leaves no room for tokens')
     target, part_of = [], []
     for k, ids in enumerate(_ids(tokenizer, list(parts)), 1):
       target += ids
       part_of += [k] * len(ids)
-    limit = budget - 1 if max_target_length is None else min(budget - 1, max_target_length - len(tail))
-    if len(target) > limit:
-      report.targets_truncated += 1
-      target, part_of = target[:max(limit, 0)], part_of[:max(limit, 0)]
-    if len(prompt) + len(target) > budget:
-      report.prompts_truncated += 1
-      prompt = prompt[len(prompt) + len(target) - budget:]
+    prompt, kept = _fit_row(prompt, len(target), head=head, tail=tail, max_length=max_length,
+                            max_target_length=max_target_length, report=report)
+    target, part_of = target[:kept], part_of[:kept]
     last = len(parts) if parts else 1
     rows.append(head + prompt + target + tail)
     labels.append([0] * (len(head) + len(prompt)) + part_of + [last] * len(tail))
