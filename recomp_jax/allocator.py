@@ -1,37 +1,28 @@
 """The host memory allocator of a run: jemalloc when the machine has it.
 
-Why: every jitted call on the XLA CPU backend allocates its temporaries afresh,
-and glibc ``malloc`` hands large blocks back to the kernel when they are freed,
-so the next call faults them in again page by page. A MiniLM contrastive step
-at 32 queries touches ~7 GB of fresh pages per step this way: on 2 AMD cores
-it spends a third of its CPU time in the kernel (11.4 M minor page faults over
-6 steps) and takes 15-17 s; with jemalloc keeping freed pages it takes 9.3 s at
-the same peak RSS (8.6 GB). ``benchmarks/train.py`` measures it.
+Why: every jitted call on the XLA CPU backend allocates its temporaries afresh, and glibc
+``malloc`` hands large blocks back to the kernel when they are freed, so the next call faults
+them in again page by page: a training step then spends much of its CPU time in the kernel.
+``benchmarks/train.py`` measures it; docs/performance.md ("The allocator") has the numbers.
 
-:func:`relaunch_with_allocator` (called first thing by ``python -m
-recomp_jax.main`` and by the benchmarks) re-executes the process once with
-``LD_PRELOAD`` set to jemalloc (Debian/Ubuntu: ``apt install libjemalloc2``),
-or tcmalloc if only that is installed, and with jemalloc told to keep the
-pages it frees (its default returns blocks of 8 MiB and more to the kernel at
-once, which is exactly the cost to avoid; keeping them also gave the lowest
-peak RSS of the settings tried, see :data:`JEMALLOC_CONF`). With neither library, glibc is told
-to back its heap with transparent huge pages (``glibc.malloc.hugetlb=1``,
-glibc >= 2.35), which cuts the page faults ~50x and recovers part of the time.
+:func:`relaunch_with_allocator` (called first thing by ``python -m recomp_jax.main`` and by the
+benchmarks) re-executes the process once with ``LD_PRELOAD`` set to jemalloc (Debian/Ubuntu:
+``apt install libjemalloc2``), or tcmalloc if only that is installed, and with jemalloc told to
+keep the pages it frees (its default returns blocks of 8 MiB and more to the kernel at once,
+which is exactly the cost to avoid). With neither library, glibc is told to back its heap with
+transparent huge pages (``glibc.malloc.hugetlb=1``, glibc >= 2.35), which cuts the page faults
+and recovers part of the time.
 
-``RECOMP_JAX_ALLOCATOR`` chooses: ``auto`` (default, as above), ``system``
-(leave the process alone), or the path of an allocator library to preload.
+``RECOMP_JAX_ALLOCATOR`` chooses: ``auto`` (default, as above), ``system`` (leave the process
+alone), or the path of an allocator library to preload.
 
-Keeping freed pages has a price when the working set changes shape: pages kept for
-one set of buffer sizes are not all reused by the next. The FILCO demo's filter
-fine-tune (Gemma 3 270M: training steps, dev loss and greedy generation for the probe)
-reached 23.5 GB resident. One arena instead of eight (``narenas:1``) changed nothing
-(23.2 GB); a one-second decay (``dirty_decay_ms:1000``) peaked at 14.3 GB but made the
-stage 11% slower (287 s vs 258 s). :func:`release_free_memory` hands the kept pages back
-where the working set changes: the stage runner calls it after every stage and the
-training loop after every evaluation, which kept that stage at 18.7 GB for 5% (272 s). At ``:shared`` scale that was not enough (a FILCO filter
-model reached 24.4 GB and was killed), so ``python -m recomp_jax.main`` picks the setting by
-``config.system`` (:func:`jemalloc_conf_for`): keep pages for the extractive system's encoder
-training, a one-second decay for the systems that fine-tune Gemma (with jemalloc's separate
+Keeping freed pages has a price when the working set changes shape: pages kept for one set of
+buffer sizes are not all reused by the next, so a run that alternates Gemma training steps, dev
+loss and generation piles them up. :func:`release_free_memory` hands kept pages back where the
+working set changes (the stage runner after every stage, the training loop after every
+evaluation), and ``python -m recomp_jax.main`` picks the setting by ``config.system``
+(:func:`jemalloc_conf_for`): keep pages for the extractive system's encoder training (one shape
+of step), a one-second decay for the systems that fine-tune Gemma (with jemalloc's separate
 arena for large blocks turned off: that arena returns them at once under any decay, see
 :data:`JEMALLOC_CONF_DECAY`). A ``MALLOC_CONF`` in the environment always wins.
 """
@@ -47,21 +38,13 @@ from typing import Mapping
 ENV_CHOICE = 'RECOMP_JAX_ALLOCATOR'
 ENV_DONE = 'RECOMP_JAX_ALLOCATOR_SET'  # set in the re-executed process: never relaunch twice
 
-# Freed pages stay with the process. Measured on the 32-query MiniLM step (median of 4 steps,
-# process peak RSS): this 9.3 s / 8.6 GB; 'oversize_threshold:0' 9.4 s / 15.7 GB;
-# 'oversize_threshold:0,background_thread:true' 11.6 s / 12.0 GB; jemalloc's defaults 15.6 s.
+# Freed pages stay with the process (the fastest and lowest-peak setting on the encoder step).
 JEMALLOC_CONF = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
-# Freed pages go back after one second. For runs that fine-tune a decoder LM (Gemma 3 270M:
-# training steps, dev loss and greedy generation alternate, and each compressor or generator is
-# a new set of buffer shapes), kept pages pile up: FILCO's NQ :shared filter model was killed by
-# the kernel at 24.4 GB resident under JEMALLOC_CONF and resumed to the end at a 16.1 GB peak
-# under the decay. 'oversize_threshold:0' matters as much as the decay: with any positive decay,
-# jemalloc's dedicated arena for blocks of 8 MiB and more (XLA's temporaries) purges them at
-# once, so every microbatch faulted its buffers in again. A FILCO filter step (Gemma 3 270M,
-# 8 packed rows of 384 tokens in 4 microbatches, 2 AMD EPYC cores) took 23.5 s with pages kept,
-# 33.7 s with the decay alone (12.1 M minor faults and 64 s of system time over the whole
-# benchmark process: load, compile, 3 steps) and 25.2 s with the decay and no oversize arena
-# (5.5 M faults, 34 s).
+# Freed pages go back after one second, for runs that fine-tune a decoder LM: training steps,
+# dev loss and generation alternate, each model is a new set of buffer shapes, and kept pages
+# pile up past a small machine's memory. 'oversize_threshold:0' matters as much as the decay:
+# with any positive decay, jemalloc's dedicated arena for blocks of 8 MiB and more (XLA's
+# temporaries) purges them at once, so every microbatch would fault its buffers in again.
 JEMALLOC_CONF_DECAY = 'dirty_decay_ms:1000,muzzy_decay_ms:1000,oversize_threshold:0'
 # The jemalloc setting of each system (config.system): the extractive system trains an encoder
 # (MiniLM / Contriever: one shape of step, where keeping pages pays most); the others fine-tune

@@ -263,11 +263,9 @@ def run_layers(blocks: Sequence[nnx.Module], body: Callable, carry, per_layer=No
     ``jax.checkpoint`` puts around the recomputation, and common-subexpression elimination
     then merges the unrolled recomputation back into the forward pass (the compiled
     program has the loop's matmuls and temporaries exactly). Inside the scan's backward
-    loop the recomputation cannot merge with the forward loop: the Gemma 3 270M
-    compressor step (batch 8 in microbatches of 2 x 1024 tokens) reserves 3.68 GiB of
-    temporaries scanned and 6.85 GiB looped, and peaked at 12.7 GB resident instead of
-    19.4 GB, 78 s a step instead of 83 s (``benchmarks/train_compressor.py --scan``, 2 AMD
-    EPYC cores).
+    loop the recomputation cannot merge with the forward loop, so scanned remat roughly halves
+    a Gemma fine-tuning step's temporaries (``benchmarks/train_compressor.py --scan``;
+    docs/performance.md).
 
   The body must not update module state (no dropout RNG streams, no batch statistics).
   """

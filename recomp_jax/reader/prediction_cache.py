@@ -3,9 +3,8 @@
 An evaluation reads the same prompts over and over: the rows no compressor changes (no
 retrieval, top-1, top-5, the teacher's summaries) are identical in every run on the same
 questions, the A.5 oracle reads the no-retrieval and teacher prompts again, and every
-question a compressor leaves empty is the no-retrieval prompt. In
-``results/nq_abstractive_shared_loglik.json`` the rows no compressor changes took 1,815 of the
-evaluation's 3,463 seconds (2 AMD EPYC cores).
+question a compressor leaves empty is the no-retrieval prompt (docs/performance.md says how
+much of an evaluation that is).
 
 :class:`PredictionCache` keeps ``prompt -> answer`` in sqlite under a *reader key*: a hash of
 the reader's weights (their content, not their path), the source of the code that turns
