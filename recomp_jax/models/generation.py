@@ -96,9 +96,9 @@ class GemmaGenerator(TextGenerator):
   row (:func:`~recomp_jax.models.gemma_decoding.generate_from_prefix`); the split is
   made on the token ids of the whole prompts, so the model reads exactly the tokens of
   the full path. Below that fraction the full path is faster: the continuation then
-  also attends over the prefix cache's slots, which for the demo's top-5-document
-  prompts (~650 tokens, a 93-token prefix) cost more than the prefix saved (2.5 s
-  instead of 1.8 s per prompt).
+  also attends over the prefix cache's slots, which for long prompts with a short shared
+  prefix (top-5 documents after the few-shot block) costs more than the prefix saves
+  (docs/performance.md has the measurement).
   ``min_shared_prefix=0`` turns sharing off.
   """
 
