@@ -10,11 +10,12 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
           trained on (``data.holdout_tail``), the rest are the training data.
 """
 
-from recomp_jax.pipelines.defaults import base_config, offline_holdout
+from recomp_jax.pipelines.defaults import offline_holdout
+from recomp_jax.pipelines.extractive import default_config
 
 
 def get_config(preset: str = 'paper'):
-  c = base_config()
+  c = default_config()
   c.dataset = 'hotpotqa'
   c.preset = preset
   c.eval.top_k_sentences = 2

@@ -15,11 +15,12 @@ Presets (``--config=configs/nq_extractive.py:PRESET``):
 
 import ml_collections
 
-from recomp_jax.pipelines.defaults import base_config, use_minilm
+from recomp_jax.pipelines.defaults import use_minilm
+from recomp_jax.pipelines.extractive import default_config
 
 
 def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
-  c = base_config()
+  c = default_config()
   c.dataset = 'nq'
   c.preset = preset
   if preset == 'paper':

@@ -9,17 +9,14 @@ k: ``truncation.tokens``, or with ``--config.truncation.match_results=results/X.
 mean evidence tokens of that file's ``truncation.match_row`` (default ``trained``).
 """
 
-import ml_collections
-
-from recomp_jax.pipelines.defaults import base_config, dataset_data, demo_data
+from recomp_jax.pipelines.defaults import config_for, dataset_data, demo_data
+from recomp_jax.pipelines.truncation import FIELDS
 
 
 def get_config(preset: str = 'demo'):
-  c = base_config()
-  c.system = 'truncation'
+  c = config_for('truncation', FIELDS)
   c.preset = preset
   c.workdir = f'workdirs/nq_truncation_{preset}'
-  c.truncation = ml_collections.ConfigDict({'tokens': 48, 'match_results': '', 'match_row': 'trained'})
   c.train.epochs = 0.0  # nothing is trained
   if preset == 'shared':
     dataset_data(c, 'nq', 'shared')

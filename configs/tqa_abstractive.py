@@ -1,7 +1,7 @@
 """RECOMP abstractive compressor on TriviaQA (teacher summaries -> critic -> fine-tuned compressor).
 
 Presets (``--config=configs/tqa_abstractive.py:PRESET``; details in
-``recomp_jax.pipelines.defaults.abstractive_experiment``):
+``recomp_jax.pipelines.abstractive.experiment``):
   paper:  the hub data, gpt-3.5-turbo teacher (``$OPENAI_API_KEY``), t5-large compressor.
   shared: ``../shared/data`` with its held-out eval set, the offline teacher (our own
           server on the PyPI Gemma 3 270M) and a Gemma 3 270M compressor.
@@ -9,8 +9,8 @@ Presets (``--config=configs/tqa_abstractive.py:PRESET``; details in
   ci:     the demo at a tiny size (tests).
 """
 
-from recomp_jax.pipelines.defaults import abstractive_experiment
+from recomp_jax.pipelines.abstractive import experiment
 
 
 def get_config(preset: str = 'demo'):
-  return abstractive_experiment('tqa', preset)
+  return experiment('tqa', preset)

@@ -10,11 +10,12 @@ Presets (``--config=configs/tqa_extractive.py:PRESET``):
           last ``data.max_eval`` questions are never trained on (``data.holdout_tail``).
 """
 
-from recomp_jax.pipelines.defaults import base_config, offline_holdout
+from recomp_jax.pipelines.defaults import offline_holdout
+from recomp_jax.pipelines.extractive import default_config
 
 
 def get_config(preset: str = 'paper'):
-  c = base_config()
+  c = default_config()
   c.dataset = 'tqa'
   c.preset = preset
   c.eval.top_k_sentences = 1

@@ -4,7 +4,7 @@ Silver contexts by CXMI (§4; §5's Table 4 prefers LEXICAL: --config.filco.meas
 -> filter model -> generator trained on filtered context.
 
 Presets (``--config=configs/wow_filco.py:PRESET``; details in
-``recomp_jax.pipelines.defaults.filco_experiment``):
+``recomp_jax.pipelines.filco.experiment``):
   paper:  ``facebook/kilt_tasks`` (wow) from the hub, train / validation (KILT hides its test
           outputs), dense retrieval over --config.retrieval.corpus_path (KILT's Wikipedia
           passages), FLAN-T5-XL filter model and generator, top-1 passage.
@@ -15,8 +15,8 @@ with --config.data.source=jsonl --config.data.train_path=... --config.data.eval_
 KILT data ships here.
 """
 
-from recomp_jax.pipelines.defaults import filco_experiment
+from recomp_jax.pipelines.filco import experiment
 
 
 def get_config(preset: str = 'paper'):
-  return filco_experiment('wow', preset)
+  return experiment('wow', preset)

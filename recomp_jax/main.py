@@ -11,7 +11,7 @@ log noise (Orbax checkpoint INFO lines, JAX's "Unable to initialize backend" pro
 hidden unless ``--verbosity=1`` or higher.
 
 Before anything else the process re-executes itself once with jemalloc preloaded when the
-machine has it (:mod:`recomp_jax.allocator` says why: ~1.7x on a CPU training step), told to
+machine has it (:mod:`recomp_jax.allocator` says why), told to
 keep freed pages for the extractive system and to return them after a second for the systems
 that fine-tune Gemma (:func:`recomp_jax.allocator.jemalloc_conf_for`); ``MALLOC_CONF`` in the
 environment wins, and ``RECOMP_JAX_ALLOCATOR=system`` turns the relaunch off.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import glob
-import importlib
 import importlib.util
 import logging as std_logging
 import os
@@ -37,26 +36,6 @@ flags.DEFINE_string('workdir', None, 'Where stages, checkpoints, summaries and r
                     '(recomp_jax/storage.py).')
 flags.DEFINE_string('local_workdir', None, 'The local mirror of a remote --workdir (default: '
                     '~/.cache/recomp_jax/workdirs/NAME-HASH).')
-
-# Fields a run ignores unless another field has one of the given values: overriding one
-# of them under a preset that does not read it is a user error, not a silent no-op.
-IGNORED_UNLESS = {
-    'data.demo_train': ('data.source', ('demo',)),
-    'data.demo_dev': ('data.source', ('demo',)),
-    'data.demo_test': ('data.source', ('demo',)),
-    'data.train_path': ('data.source', ('jsonl',)),
-    'data.eval_path': ('data.source', ('jsonl',)),
-    'data.holdout_tail': ('data.source', ('jsonl',)),
-    'data.train_subset': ('data.source', ('jsonl', 'hf')),
-    'data.hf_name': ('data.source', ('hf',)),
-    'data.hf_config': ('data.source', ('hf',)),
-    'data.hf_train_split': ('data.source', ('hf',)),
-    'data.hf_eval_split': ('data.source', ('hf',)),
-    'retrieval.bm25_k1': ('retrieval.method', ('bm25',)),
-    'retrieval.bm25_b': ('retrieval.method', ('bm25',)),
-    'retrieval.passage_format': ('retrieval.method', ('dense',)),
-    'retrieval.dense_chunk': ('retrieval.method', ('dense',)),
-}
 
 _NOISY_SOURCES = (os.sep + 'orbax' + os.sep, 'xla_bridge.py')
 
@@ -80,7 +59,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
   from recomp_jax.pretrained.hf import CheckpointError  # pylint: disable=import-outside-toplevel
   from recomp_jax.data.schema import DataError  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.shared import PipelineError  # pylint: disable=import-outside-toplevel
-  return (UserError, DataError, CheckpointError, PipelineError, FileNotFoundError)
+  from recomp_jax.config_fields import ConfigError  # pylint: disable=import-outside-toplevel
+  return (UserError, ConfigError, DataError, CheckpointError, PipelineError, FileNotFoundError)
 
 
 # ----------------------------------------------------------------------------- argv checks
@@ -99,24 +79,15 @@ def _load_config_file(spec: str):
     raise UserError(f'--config={spec}: {e}') from None
 
 
-def _get(config, dotted: str):
-  node = config
-  for part in dotted.split('.'):
-    if not hasattr(node, 'keys') or part not in node.keys():
-      return _MISSING
-    node = node[part]
-  return node
-
-
-_MISSING = object()
-
-
 def check_overrides(argv: list[str]):
-  """Unknown ``--config.X`` fields and fields the preset ignores are user errors.
+  """Unknown ``--config.X`` fields, fields of another system and fields the preset ignores
+  (:attr:`recomp_jax.config_fields.Field.read_when`) are user errors.
 
   Returns:
     The preset's config, before the overrides (None when there is no ``--config``).
   """
+  from recomp_jax import config_fields  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
   spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
   if spec is None:
     if any(a.startswith('--config.') for a in argv) or not any(a in ('--help', '-h') for a in argv):
@@ -128,35 +99,20 @@ def check_overrides(argv: list[str]):
     if arg.startswith('--config.'):
       name, _, value = arg[len('--config.'):].partition('=')
       overrides[name] = value
-  for name in overrides:
-    if _get(config, name) is _MISSING:
-      parent = name.rsplit('.', 1)[0] if '.' in name else ''
-      node = _get(config, parent) if parent else config
-      known = sorted(node.keys()) if node is not _MISSING and hasattr(node, 'keys') else []
-      raise UserError(f'--config.{name}: unknown config field'
-                      + (f'; fields of {parent or "config"}: {", ".join(known)}' if known else ''))
-  for name in overrides:
-    if name in IGNORED_UNLESS:
-      switch, values = IGNORED_UNLESS[name]
-      current = overrides.get(switch, _get(config, switch))
-      if current not in values:
-        raise UserError(f'--config.{name} is ignored when {switch}={current!r} (it is read only when '
-                        f'{switch} is one of {list(values)})')
+  system = config.get('system')
+  names = sorted(runner.SYSTEMS) + sorted(runner.TASKS)
+  if system not in names:
+    raise UserError(f'--config={spec}: config.system={system!r} is not one of {names}')
+  others = {n: runner.system_fields(n) for n in names if n != system}
+  try:
+    for name in overrides:
+      config_fields.check_override(name, overrides, config, runner.system_fields(system), system, others)
+  except config_fields.ConfigError as e:
+    raise UserError(str(e)) from None
   return config
 
 
 # ----------------------------------------------------------------------------- help
-
-
-def _flatten(config, prefix: str = '') -> list[tuple[str, object]]:
-  out = []
-  for key in sorted(config.keys()):
-    value = config[key]
-    if hasattr(value, 'keys'):
-      out += _flatten(value, f'{prefix}{key}.')
-    else:
-      out.append((f'{prefix}{key}', value))
-  return out
 
 
 def _presets(path: str) -> str:
@@ -174,27 +130,30 @@ def _presets(path: str) -> str:
 
 
 def help_text() -> str:
-  from recomp_jax.pipelines.defaults import abstractive_config, filco_config, lm_config  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.runner import SYSTEMS, TASKS  # pylint: disable=import-outside-toplevel
+  """Usage, the systems, every config file's presets and every config field with its help
+  (generated from the typed sections: :mod:`recomp_jax.config_fields`)."""
+  from recomp_jax import config_fields  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines import runner  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.defaults import SHARED_FIELDS  # pylint: disable=import-outside-toplevel
   lines = ['usage: python -m recomp_jax.main --config=configs/FILE.py[:preset] [--config.FIELD=VALUE ...]',
            '                                  [--workdir=DIR|gs://BUCKET/DIR] [--local_workdir=DIR]',
            '                                  [--verbosity=1]', '',
-           'systems (config.system): ' + ', '.join(sorted(SYSTEMS) + sorted(TASKS)), '',
+           'systems (config.system): ' + ', '.join(sorted(runner.SYSTEMS) + sorted(runner.TASKS)), '',
            'config files and presets:']
   for path in sorted(glob.glob(os.path.join('configs', '*.py'))):
     lines.append(f'  {path}: {_presets(path)}')
-  lines += ['', 'config fields (defaults of recomp_jax/pipelines/defaults.py; presets change some;',
-            'teacher.* and compressor.* are read by the abstractive system only,',
-            'filco.*, filter.* and generator.* by the filco system only, lm.* by the lm task only,',
-            'truncation.* by the truncation system only):']
-  fields = dict(_flatten(abstractive_config()))
-  fields.update((name, value) for name, value in _flatten(filco_config()) if name.split('.')[0] in
-                ('filco', 'filter', 'generator'))
-  fields.update((name, value) for name, value in _flatten(lm_config()) if name.startswith('lm.'))
-  # a system whose section lives in its config file alone (docs/adding_a_system.md)
-  fields.update((name, value) for name, value in _flatten(_load_config_file('configs/nq_truncation.py:ci'))
-                if name.startswith('truncation.'))
-  lines += [f'  --config.{name}={value!r}' for name, value in fields.items()]
+  lines += ['', 'shared config fields (every system; presets change some defaults):']
+  lines += config_fields.help_lines(SHARED_FIELDS)
+  shared_names = {f.name for f in SHARED_FIELDS}
+  for name in sorted(runner.SYSTEMS) + sorted(runner.TASKS):
+    own = [f for f in runner.system_fields(name) if f.name not in shared_names]
+    if name in runner.TASKS:
+      read = {f.name.split('.')[0] for f in runner.system_fields(name) if f.name in shared_names and '.' in f.name}
+      lines += ['', f'{name} task fields (of the shared ones it reads only {", ".join(sorted(read))} and the '
+                'top-level fields):']
+    else:
+      lines += ['', f'{name} system fields (its rows, eval.rows: {", ".join(runner.get_system(name).row_keys)}):']
+    lines += config_fields.help_lines(own)
   lines += ['', 'Results go to WORKDIR/results.json, results.md and predictions.jsonl.']
   return '\n'.join(lines)
 

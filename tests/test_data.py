@@ -388,7 +388,7 @@ def test_take_subset_first_or_seeded_and_in_file_order():
 
 
 def test_read_hf_converters(monkeypatch):
-  datasets = pytest.importorskip('datasets', reason='needs the datasets package')
+  import datasets
   rows = {
       'nq_open': [{'question': 'who sang x', 'answer': ['A', 'B']}],
       'trivia_qa': [{'question': 'Which planet?', 'question_id': 'tq1',
@@ -424,13 +424,13 @@ def test_read_hf_converters(monkeypatch):
 
 def test_hub_train_split_honours_train_subset(monkeypatch, tmp_path):
   """``data.source=hf``: 'first' stops at max_train rows; 'shuffled' draws from the whole split."""
-  datasets = pytest.importorskip('datasets', reason='needs the datasets package')
-  from recomp_jax.pipelines import defaults, shared  # pylint: disable=import-outside-toplevel
+  import datasets
+  from recomp_jax.pipelines import filco, shared  # pylint: disable=import-outside-toplevel
   rows = [{'question': f'q{i}', 'answer': [f'a{i}']} for i in range(40)]
   monkeypatch.setattr(datasets, 'load_dataset', lambda path, config, split, cache_dir=None: rows)
 
   def kept_rows(subset):
-    config = defaults.filco_experiment('nq', 'ci')
+    config = filco.experiment('nq', 'ci')
     config.data.source, config.data.hf_name = 'hf', 'nq_open'
     config.data.max_train, config.data.max_eval, config.data.dev_fraction = 8, 2, 0.0
     config.data.train_subset = subset

@@ -227,7 +227,7 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   rows = {r['key']: r for r in results['rows']}
   expected = {'none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
               'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'trained_threshold',
-              'trained_listwise', 'oracle_ll', 'oracle_em'}
+              'trained_listwise', 'truncation', 'oracle_ll', 'oracle_em'}
   assert expected <= set(rows)
   assert all(rows[k]['n'] == 4 for k in expected)
   assert rows['none']['tokens'] == 0
@@ -255,8 +255,10 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   assert by_row['top1'][4:] == [0, 0] and by_row['none'][1] == 0.0  # no wins over itself; empty evidence
   assert os.path.isdir(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'encoder_best'))
   # The exported encoder gives the trained row's sentences through the one inference call.
-  from tests.tiny_models import check_export_reproduces_the_trained_row
+  from tests.tiny_models import check_export_reproduces_the_trained_row, check_truncation_row
   check_export_reproduces_the_trained_row(config.workdir, 'trained@0')
+  # The truncation row: the top documents cut to the trained rows' mean tokens (both seeds).
+  check_truncation_row(config.workdir, tiny_models[1], config.candidates.top_docs)
   train = json.load(open(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'DONE.json')))['summary']
   assert train['steps'] == 4 and train['pairs'] > 0
   # TensorBoard: the reader's EM / F1 on the dev probe at every evaluation, and the results table.
@@ -343,7 +345,7 @@ def paced(*a, **k):
   return out
 extractive.loglik_labels = paced
 config = t.tiny_config({workdir!r}, ({bert!r}, {gemma!r}))
-config.label.questions_per_call = 1
+config.reader.questions_per_call = 1
 runner = StageRunner(config.workdir)
 models = shared.Resources(config)
 cfg = config.to_dict()

@@ -264,7 +264,7 @@ def test_threshold_tuning_answers_each_distinct_prompt_once():
   candidates = [['T: it is Paris.', 'T: Lyon.'], ['T: Rome.', 'T: Turin.'], ['T: Oslo.']]
   scores = [np.array([0.9, 0.2]), np.array([0.3, 0.8]), np.array([0.5])]
   reader = EvidenceEchoReader()
-  tuned = pipeline.tune_threshold(_Holder(reader), examples, candidates, scores, max_sentences=1,
+  tuned = extractive.tune_threshold(reader, examples, candidates, scores, max_sentences=1,
                                   quantiles=(0.1, 0.5, 0.9))
   # thresholds 0.56 and 0.8 keep Paris and Turin (EM 66.7), 0.88 only Paris (33.3)
   assert [round(r['em'], 1) for r in tuned['table']] == [66.7, 66.7, 33.3]

@@ -88,7 +88,7 @@ def test_fact_verification_lexical_compares_sentences_with_the_claim():
   """FEVER: the output is a label found in no passage, so LEXICAL against the output keeps
   nothing; against the claim (§2.2) it keeps the sentence that restates it."""
   from recomp_jax.data.schema import Example
-  from recomp_jax.pipelines.filco import silver_records
+  from recomp_jax.compressors.filco import silver_records
   claim = 'Nikolaj Coster-Waldau worked with the Fox Broadcasting Company.'
   passage = Passage('1', 'Nikolaj Coster-Waldau', 'He was born in Denmark. Coster-Waldau worked with '
                     'the Fox Broadcasting Company on the series New Amsterdam.')
@@ -114,7 +114,8 @@ def test_generator_pairs_take_the_output_from_the_passages_and_full_needs_no_sil
   passages, else the first gold answer); FULL's pairs are the same with or without silver
   records, so its stage depends on no measure. An example with no answer trains no generator."""
   from recomp_jax.data.schema import Example
-  from recomp_jax.pipelines.filco import generator_pairs, silver_records
+  from recomp_jax.compressors.filco import silver_records
+  from recomp_jax.pipelines.filco import generator_pairs
   paris = Passage('1', 'France', 'France is in Europe. Its capital is Paris.')
   examples = [Example('q1', 'capital of France?', ['Lutetia', 'Paris'], [paris]),
               Example('q2', 'where is France?', ['Europe'], [Passage('2', 'Maps', 'No answer here.')]),
@@ -139,7 +140,7 @@ def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_questi
 
 @pytest.mark.slow  # Gemma 3 real-weight parity beyond the one fast test (test_gguf logits)
 def test_cxmi_with_the_real_reader_equals_hf_pytorch_log_likelihoods(gemma3_hf_dir, gemma3_torch):
-  torch = pytest.importorskip('torch')
+  import torch
   from transformers import AutoTokenizer
 
   from recomp_jax.reader.reader import Reader
@@ -173,7 +174,7 @@ def test_cxmi_with_the_real_reader_equals_hf_pytorch_log_likelihoods(gemma3_hf_d
 def test_ranked_filter_keeps_the_filter_models_most_likely_whole_output(gemma3_hf_dir, gemma3_torch):
   """Each candidate (nothing, or one passage sentence) is scored with its EOS, as HF PyTorch
   scores it, and the most likely one is the context."""
-  torch = pytest.importorskip('torch')
+  import torch
   from transformers import AutoTokenizer
 
   from recomp_jax.reader.reader import Reader

@@ -7,6 +7,7 @@ tested by the abstractive pipeline's end-to-end test and tests/test_recipes.py).
 no-retrieval, top-k and filtered-reader rows, CXMI) is the real Gemma 3 270M."""
 
 import json
+import re
 import os
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from recomp_jax.evaluation import qa_metrics, report
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.training.summaries import read_scalars
-from tests.tiny_models import check_export_reproduces_the_trained_row
+from tests.tiny_models import check_export_reproduces_the_trained_row, check_truncation_row
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,12 +42,12 @@ def _jsonl(path):
 @pytest.mark.end_to_end
 def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   workdir = tmp_path / 'run'
-  tiny = {'filter.model': tiny_gemma_dir, 'generator.model': tiny_gemma_dir}
+  tiny = {'filter.model': tiny_gemma_dir, 'generator.model': tiny_gemma_dir, 'reader.model': tiny_gemma_dir}
   config = _config(workdir, **tiny)
   results = pipeline_runner.run(config, config.workdir)
   report.validate_results(json.loads(open(workdir / 'results.json').read()))
   rows = {r['key']: r for r in results['rows']}
-  assert set(rows) == {'none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'silver',
+  assert set(rows) == {'none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'truncation', 'silver',
                        'filtered_reader'}
   assert all(r['n'] == 6 for r in rows.values()) and rows['none']['tokens'] == 0
   # Both FILCO rows against every other row, the pair of them once.
@@ -93,6 +94,7 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
   assert {i: p['evidence'] for i, p in by_row['silver@0'].items()} == test_silver
   # The exported filter model writes those contexts through the one inference call.
   check_export_reproduces_the_trained_row(workdir, 'trained@0')
+  check_truncation_row(workdir, tiny_gemma_dir, config.candidates.top_docs)  # cut to FILCO's mean tokens
   # FILCO ranked reads the filter model's most likely sentence of the top passage (by default
   # the empty context does not compete); the scores of every candidate are kept.
   test_sentences = {r['id']: r['sentences'] for r in _jsonl(stages / 'silver' / 'test.jsonl')}
@@ -105,7 +107,7 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
     assert by_row['ranked@0'][i]['evidence'] == expected
   # PSG (dev_threshold): the log-odds of " yes" over " no" per passage, kept at or above the
   # threshold with the best F1 against the dev split's silver labels.
-  from recomp_jax.pipelines.filco import keep_threshold
+  from recomp_jax.compressors.filco import keep_threshold
   from recomp_jax.reader import Reader
   margins = {r['id']: r['margin'] for r in _jsonl(stages / 'evaluate' / 'psg_seed0.jsonl')}
   dev_margins = {r['id']: r['margin'] for r in _jsonl(stages / 'evaluate' / 'psg_dev_seed0.jsonl')}
@@ -172,7 +174,7 @@ def test_ci_pipeline_end_to_end(tmp_path, tiny_gemma_dir):
 
 
 def test_keep_threshold_maximises_keep_f1_and_prefers_fewer_kept():
-  from recomp_jax.pipelines.filco import keep_threshold
+  from recomp_jax.compressors.filco import keep_threshold
   # t=2: F1 2/3; t=1 keeps three (two tied at 1.0), two of them positive: F1 4/5; t=-0.5: 4/6.
   assert keep_threshold([2.0, 1.0, 1.0, -0.5, -3.0], [True, False, True, False, False]) == (1.0, 0.8)
   # t=3 and t=0 both give F1 2/3: the higher threshold keeps fewer passages.
@@ -221,26 +223,24 @@ def test_stage_readers_name_the_file_and_line_of_a_damaged_record(tmp_path):
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):
-  from recomp_jax.pipelines.shared import PipelineError
-  with pytest.raises(PipelineError, match='filco.measure'):
-    pipeline_runner.run(_config(tmp_path, **{'filco.measure': 'bleu'}), str(tmp_path))
-  with pytest.raises(PipelineError, match='filco.variant'):
-    pipeline_runner.run(_config(tmp_path, **{'filco.variant': 'github'}), str(tmp_path))
-  with pytest.raises(PipelineError, match='filco.psg_decision'):
-    pipeline_runner.run(_config(tmp_path, **{'filco.psg_decision': 'argmax'}), str(tmp_path))
-  with pytest.raises(PipelineError, match='filco.ranked_sentences'):
-    pipeline_runner.run(_config(tmp_path, **{'filco.ranked_sentences': 0}), str(tmp_path))
-  with pytest.raises(PipelineError, match='data.train_subset'):
-    pipeline_runner.run(_config(tmp_path, **{'data.train_subset': 'random'}), str(tmp_path))
+  """Checked against FILCO's typed section (recomp_jax.config_fields) before any stage runs."""
+  from recomp_jax.config_fields import ConfigError
+  for field, value, message in (('filco.measure', 'bleu', "config.filco.measure='bleu' is not allowed"),
+                                ('filco.variant', 'github', "config.filco.variant='github' is not allowed"),
+                                ('filco.psg_decision', 'argmax', "config.filco.psg_decision='argmax' is not allowed"),
+                                ('filco.ranked_sentences', 0, 'config.filco.ranked_sentences must be at least 1'),
+                                ('data.train_subset', 'random', "config.data.train_subset='random' is not allowed")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+      pipeline_runner.run(_config(tmp_path, **{field: value}), str(tmp_path))
+  assert not os.path.exists(tmp_path / 'stages')
 
 
 def test_filter_epochs_do_not_reach_the_psg_classifier_or_its_fingerprint():
   """`filter.epochs` trains the filter model only; the PSG classifier, which shares
   config.filter's other fields, trains `filco.psg_epochs` (default: train.epochs)."""
-  from recomp_jax.pipelines import defaults
-  from recomp_jax.pipelines.filco import training_section
+  from recomp_jax.pipelines.filco import experiment, training_section
   from recomp_jax.training.finetune import section_epochs
-  config = defaults.filco_experiment('nq', 'shared')
+  config = experiment('nq', 'shared')
   assert config.filter.epochs == 3.0 and config.train.epochs == 1.0
   assert section_epochs(config, training_section(config, 'filter')) == 3.0
   assert section_epochs(config, training_section(config, 'psg')) == 1.0

@@ -14,9 +14,8 @@ from recomp_jax.pretrained import export_pretrained, family_for, load_pretrained
 
 import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
-
+import torch
+import transformers
 VOCAB = 128
 SLIDING, FULL = gemma.SLIDING, gemma.FULL
 NEW_TOKENS = 20

@@ -16,9 +16,8 @@ import time
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-gguf = pytest.importorskip('gguf', reason='needs the gguf package')
-
+import torch
+import gguf
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from recomp_jax.pretrained import CheckpointError  # noqa: E402

@@ -225,19 +225,20 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
 
 
 @pytest.mark.parametrize('field, value, message', [
-    ('lm.corpus', 'bing', "lm.corpus must be 'ovos', 'file' or 'ovos+file'"),
+    ('lm.corpus', 'bing', "config.lm.corpus='bing' is not allowed (allowed: 'ovos', 'file', 'ovos+file')"),
     ('lm.corpus', 'file', 'retrieval.corpus_path is empty'),
     ('lm.wikitext_path', '/nonexistent/wiki.raw', '/nonexistent/wiki.raw: no such file (lm.wikitext_path)'),
     ('lm.max_prefix_tokens', 600, 'must fit in lm.max_context_tokens (512)'),
-    ('lm.rows', ('none', 'gold'), "unknown row(s) ['gold']"),
+    ('lm.rows', ('none', 'gold'), "config.lm.rows: 'gold' is not allowed"),
 ])
 def test_bad_lm_settings_fail_before_any_work(tmp_path, field, value, message):
   from recomp_jax.pipelines import runner, shared  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.defaults import lm_experiment  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.lm import experiment as lm_experiment  # pylint: disable=import-outside-toplevel
   config = lm_experiment('ci')
   config.lm.wikitext_path = str(_write(tmp_path, RAW))
   section, name = field.split('.')
   config[section][name] = value
-  with pytest.raises(shared.PipelineError, match=re.escape(message)):
+  from recomp_jax.config_fields import ConfigError  # pylint: disable=import-outside-toplevel
+  with pytest.raises((shared.PipelineError, ConfigError), match=re.escape(message)):
     runner.run(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'stages')

@@ -25,6 +25,18 @@ def test_field_the_preset_ignores_is_an_error():
   assert out.returncode == 2 and "data.source='jsonl'" in out.stderr
 
 
+def test_field_of_another_system_names_that_system():
+  out = _main('--config=configs/nq_extractive.py:ci', '--config.teacher.model=x')
+  assert out.returncode == 2 and 'Traceback' not in out.stderr
+  assert "--config.teacher.model is a field of the abstractive system; config.system='extractive' does not read it" in out.stderr
+
+
+def test_value_outside_the_fields_choices_is_one_line_naming_them(tmp_path):
+  out = _main('--config=configs/nq_filco.py:ci', '--config.filco.measure=bleu', f'--workdir={tmp_path}')
+  assert out.returncode == 2 and 'Traceback' not in out.stderr
+  assert "config.filco.measure='bleu' is not allowed (allowed: 'strinc', 'lexical', 'cxmi')" in out.stderr
+
+
 def test_unknown_preset_and_missing_config():
   out = _main('--config=configs/nq_extractive.py:nope')
   assert out.returncode == 2 and 'available: paper, shared, demo, ci, quickstart' in out.stderr
@@ -42,6 +54,11 @@ def test_help_lists_systems_presets_and_fields():
   assert 'configs/nq_extractive.py: paper, shared, demo, ci, quickstart' in out.stdout
   assert '--config.candidates.max_candidates_eval=0' in out.stdout
   assert '--config.retrieval.rerank=' in out.stdout
+  # generated from the typed sections: each field with its help and choices, under its owner
+  assert "--config.critic.targets='teacher'  what the critic judges" in out.stdout
+  assert "[one of: strinc, lexical, cxmi]" in out.stdout
+  sections = [line for line in out.stdout.splitlines() if line.endswith(':') or 'fields (' in line]
+  assert any(line.startswith('filco system fields') for line in sections)
 
 
 def test_bad_data_row_exits_2_naming_file_and_line(tmp_path):

@@ -10,8 +10,7 @@ import pathlib
 
 import pytest
 
-papermill = pytest.importorskip('papermill', reason='install the test extra (papermill, ipykernel)')
-
+import papermill
 REPO = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / 'notebooks').glob('*.ipynb'))
 PARAMETERS = {

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from recomp_jax.pipelines.defaults import filco_config
+from recomp_jax.pipelines.filco import default_config as filco_config
 from recomp_jax.training import finetune, losses, objectives, recipes
 from tests.test_recipes import VOCAB, _gemma
 from tests.tiny_models import char_tokenizer

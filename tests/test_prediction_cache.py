@@ -21,9 +21,8 @@ from recomp_jax.reader.prediction_cache import PredictionCache, reader_key
 
 import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
-
+import torch
+import transformers
 VOCAB = 128
 QUESTIONS = ['who wrote it', 'where is the moon', 'when did it end', 'what is blue', 'why not', 'how far']
 

@@ -223,7 +223,7 @@ def test_recipe_loss_falls_when_trained(tmp_path, kind):
 @pytest.mark.parametrize('section_epochs, steps', [(-1.0, 2), (3.0, 6)])
 def test_finetune_section_epochs_override_train_epochs(tmp_path, section_epochs, steps):
   """A model section's own ``epochs`` (FILCO's filter model) replaces ``train.epochs`` for it alone."""
-  from recomp_jax.pipelines.defaults import filco_config
+  from recomp_jax.pipelines.filco import default_config as filco_config
   from recomp_jax.training import finetune
   config = filco_config()
   config.train.batch_size, config.train.epochs, config.train.warmup_steps = 4, 1.0, 0

@@ -27,9 +27,8 @@ from recomp_jax.reader.prompts import FEW_SHOT_PREFIX, build_prompt
 import tiny_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from multidevice import NUM_DEVICES, run_with_fake_devices  # noqa: E402
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
-
+import torch
+import transformers
 VOCAB = 128
 WINDOW = 8
 TOL = 1e-4

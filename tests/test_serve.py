@@ -7,11 +7,8 @@ import time
 
 import pytest
 
-openai = pytest.importorskip('openai')
-httpx = pytest.importorskip('httpx')
-pytest.importorskip('fastapi', reason='needs the serve extra')
-pytest.importorskip('sse_starlette', reason='needs the serve extra')
-
+import openai
+import httpx
 from recomp_jax.serving import chat  # noqa: E402
 from recomp_jax.serving.engine import StreamingText  # noqa: E402
 from recomp_jax.serving.launch import LocalServer  # noqa: E402

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-torch = pytest.importorskip('torch', reason='needs the test extra (torch)')
-transformers = pytest.importorskip('transformers', reason='needs the test extra (transformers)')
-
+import torch
+import transformers
 from recomp_jax.models import generation, t5  # noqa: E402
 from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained  # noqa: E402
 

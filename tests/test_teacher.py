@@ -7,9 +7,7 @@ import sqlite3
 
 import pytest
 
-httpx = pytest.importorskip('httpx')
-pytest.importorskip('openai')
-
+import httpx
 from recomp_jax import teacher as teacher_lib  # noqa: E402
 
 SECRET = 'sk-test-never-log-me-123456'

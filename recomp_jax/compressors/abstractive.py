@@ -41,7 +41,7 @@ import numpy as np
 from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.models import generation
 from recomp_jax.pretrained import load_pretrained
-from recomp_jax.reader import prompts
+from recomp_jax.reader import candidate_scores, prompts
 from recomp_jax.training.finetune import fit_prompt
 from recomp_jax.training.objectives import is_seq2seq
 
@@ -215,7 +215,7 @@ def reader_best_sentences(reader, questions: Sequence[str], candidates: Sequence
   """Beyond the paper: per question, the candidate sentence the reader finds most useful.
 
   Each candidate is scored as in the extractive labelling
-  (:func:`recomp_jax.compressors.extractive.loglik_labels`: log p(first gold answer |
+  (:func:`recomp_jax.reader.candidate_scores.loglik_labels`: log p(first gold answer |
   candidate, question) under the few-shot reader prompt) and the best one (the first of
   equals) is the question's target for the critic, in place of a teacher summary.
 
@@ -223,8 +223,7 @@ def reader_best_sentences(reader, questions: Sequence[str], candidates: Sequence
     per question ``{'sentence': str | None, 'loglik': float | None, 'none_loglik': float,
     'candidates': int}``; ``sentence`` is None when the question has no candidate.
   """
-  from recomp_jax.compressors import extractive  # pylint: disable=import-outside-toplevel
-  labels = extractive.loglik_labels(reader, questions, candidates, answers)
+  labels = candidate_scores.loglik_labels(reader, questions, candidates, answers)
   out = []
   for cands, label in zip(candidates, labels):
     best = int(np.argmax(label['loglik'])) if len(cands) else -1

@@ -114,11 +114,14 @@ class System(abc.ABC):
     code: modules the system's evaluation runs (their source hash enters the
       evaluate stage's fingerprint).
     compared_rows: the rows the paired bootstrap compares with every other row.
+    fields: the system's own config section (:class:`recomp_jax.config_fields.Field`); the
+      runner checks a config against these and the shared fields before any work.
   """
 
   name: ClassVar[str]
   row_keys: ClassVar[tuple[str, ...]]
   code: ClassVar[tuple[str, ...]] = ()
+  fields: ClassVar[tuple] = ()
   compared_rows: ClassVar[tuple[str, ...]] = ('trained',)
 
   def validate(self, config) -> None:
@@ -149,8 +152,10 @@ class System(abc.ABC):
     del config
     return key
 
-  def evaluation_summary(self, ctx: Context, examples: Sequence[Example]) -> dict:
-    """Extra fields for the evaluate stage's summary (after :meth:`rows` ran)."""
+  def evaluation_summary(self, ctx: Context, examples: Sequence[Example], directory: str) -> dict:
+    """Extra fields for the evaluate stage's summary. Runs inside that stage once every row is
+    evaluated, so it may read what :meth:`rows` and the rows wrote into ``directory``; later
+    steps (:meth:`extra_tables`, :meth:`notes`) read the summary, not those files."""
     return {}
 
   def trained_questions(self, ctx: Context) -> int:

@@ -20,6 +20,7 @@ Labelling signals (``signal``):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import zlib
 from typing import Iterable, Sequence
 
@@ -27,71 +28,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from recomp_jax.data.schema import FilterReport, Passage
+from recomp_jax.data.schema import Example, FilterReport, Passage
 from recomp_jax.data.sentences import build_candidates
+from recomp_jax.evaluation import qa_metrics
 from recomp_jax.models.dual_encoder import Encoder
 from recomp_jax.reader import prompts
+# The labels and the ranking are shared with the other systems: they live in the reader and
+# retrieval layers and are re-exported here as the extractive method's own steps.
+from recomp_jax.reader.candidate_scores import candidate_suffix, em_labels, loglik_labels  # noqa: F401
+from recomp_jax.retrieval.sentence_ranking import (compress, evidence_per_question,  # noqa: F401
+                                                   rank_candidates, top_k_evidence)
 from recomp_jax.training import losses
 
 
 def text_id(text: str) -> int:
   """A stable non-negative 31-bit id of a text (for duplicate-aware contrastive masks)."""
   return zlib.crc32(text.encode('utf-8')) & 0x7FFFFFFF
-
-
-def candidate_suffix(candidate: str, question: str) -> str:
-  """The part of the reader prompt after the shared few-shot prefix."""
-  return prompts.build_prompt(question, candidate)[len(prompts.FEW_SHOT_PREFIX):]
-
-
-def loglik_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[str]],
-                  answers: Sequence[Sequence[str]]) -> list[dict]:
-  """Reader log-likelihood of the first gold answer with each candidate (and with none).
-
-  All rows share the few-shot prefix, which ``reader`` (a :class:`recomp_jax.reader.Reader`)
-  encodes once per call.
-
-  Returns:
-    per question ``{'loglik': [n_candidates] floats, 'none_loglik': float}``.
-  """
-  suffixes, targets, owners = [], [], []
-  for i, (question, cands, golds) in enumerate(zip(questions, candidates, answers)):
-    target = prompts.answer_target(golds[0])
-    for cand in cands:
-      suffixes.append(candidate_suffix(cand, question))
-      targets.append(target)
-      owners.append(i)
-    suffixes.append(prompts.build_prompt(question)[len(prompts.FEW_SHOT_PREFIX):])
-    targets.append(target)
-    owners.append(i)
-  scores = reader.loglik(prompts.FEW_SHOT_PREFIX, suffixes, targets)
-  out = [{'loglik': []} for _ in questions]
-  per_question = [[] for _ in questions]
-  for owner, value in zip(owners, scores):
-    per_question[owner].append(float(value))
-  for record, values in zip(out, per_question):
-    record['loglik'], record['none_loglik'] = values[:-1], values[-1]
-  return out
-
-
-def em_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[str]],
-              answers: Sequence[Sequence[str]], *, max_new_tokens: int | None = None
-              ) -> list[list[float]]:
-  """Exact match (any gold answer) of the reader's greedy answer with each candidate (Fig. 6).
-
-  ``max_new_tokens`` None uses the reader's own limit (``config.reader.max_new_tokens``).
-  """
-  flat_prompts, flat_answers, owners = [], [], []
-  for i, (question, cands) in enumerate(zip(questions, candidates)):
-    for cand in cands:
-      flat_prompts.append(prompts.build_prompt(question, cand))
-      flat_answers.append(answers[i])
-      owners.append(i)
-  scores = reader.exact_match(flat_prompts, flat_answers, max_new_tokens=max_new_tokens)
-  out = [[] for _ in questions]
-  for owner, em in zip(owners, scores['em_per_example'].tolist()):
-    out[owner].append(float(em))
-  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,19 +214,6 @@ def listwise_loss_fn(*, temperature: float, teacher_temperature: float, similari
   return loss_fn
 
 
-def rank_candidates(encoder, questions: Sequence[str],
-                    candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
-  """Encoder similarity of every candidate to its question: per question ``[n_candidates]``."""
-  q = encoder.encode_queries(list(questions))
-  flat = [c for cands in candidates for c in cands]
-  s = encoder.encode_passages(flat) if flat else np.zeros((0, q.shape[1]), np.float32)
-  out, start = [], 0
-  for i, cands in enumerate(candidates):
-    out.append(s[start:start + len(cands)] @ q[i])
-    start += len(cands)
-  return out
-
-
 def count_truncated(tokenizer, texts: Sequence[str], max_length: int) -> int:
   """How many ``texts`` exceed ``max_length`` tokens (special tokens included): encoder truncation."""
   if not texts:
@@ -300,25 +239,77 @@ def reranked_accuracy(scores: Iterable[np.ndarray], loglik: Iterable[Sequence[fl
           'top1_loglik': float(np.mean(values)) if values else 0.0}
 
 
-def top_k_evidence(candidates: Sequence[str], scores: np.ndarray, k: int) -> str:
-  """The ``k`` best candidates as evidence, best last (closest to the question)."""
-  order = np.argsort(-np.asarray(scores), kind='stable')[:k]
-  return prompts.format_sentences([candidates[j] for j in order])
+def above_threshold(candidates: Sequence[str], scores: np.ndarray, threshold: float,
+                    max_sentences: int) -> str:
+  """Evidence of the candidates scoring at least ``threshold`` (at most ``max_sentences``; '' if none)."""
+  order = [j for j in np.argsort(-np.asarray(scores), kind='stable') if scores[j] >= threshold]
+  return prompts.format_sentences([candidates[j] for j in order[:max_sentences]])
 
 
-def evidence_per_question(candidates: Sequence[Sequence[str]], scores: Sequence[np.ndarray], k: int) -> list[str]:
-  """Per question, its ``k`` best-scoring candidates as evidence (``''`` for a question without candidates)."""
-  return [top_k_evidence(c, s, k) if len(c) else '' for c, s in zip(candidates, scores)]
+def tune_threshold(reader, examples: Sequence[Example], candidates: Sequence[Sequence[str]],
+                   scores: Sequence[np.ndarray], *, max_sentences: int,
+                   quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9)) -> dict:
+  """Chooses the score threshold with the best reader EM on dev (ties: fewer evidence tokens).
 
+  Candidate thresholds are quantiles of the dev questions' top-1 scores, so that from
+  about 90% to about 10% of the questions keep at least one sentence.
 
-def compress(encoder, questions: Sequence[str], candidates: Sequence[Sequence[str]], k: int = 1) -> list[str]:
-  """The compressor at inference: per question, its ``k`` best candidate sentences as evidence.
-
-  ``candidates[i]`` are the title-prefixed sentences of question ``i``'s retrieved documents
-  (every sentence at inference); a question without candidates gets ``''``.
+  Returns ``{'threshold', 'table': [{'threshold', 'quantile', 'em', 'tokens', 'empty_percent'}]}``.
   """
-  return evidence_per_question(candidates, rank_candidates(encoder, questions, candidates), k)
+  top1 = np.array([float(np.max(s)) for s in scores if len(s)])
+  thresholds = [float(np.quantile(top1, q)) if len(top1) else 0.0 for q in quantiles]
+  evidence = [[above_threshold(c, s, t, max_sentences) if len(c) else ''
+               for c, s in zip(candidates, scores)] for t in thresholds]
+  # Neighbouring thresholds mostly give a question the same evidence: answer each prompt once.
+  prompt_of = lambda e, ev: prompts.build_prompt(e.question, ev)
+  unique = sorted({prompt_of(e, ev) for row in evidence for e, ev in zip(examples, row)})
+  answer = dict(zip(unique, reader.answer(unique)))
+  table = []
+  for q, t, row in zip(quantiles, thresholds, evidence):
+    predictions = [answer[prompt_of(e, ev)] for e, ev in zip(examples, row)]
+    result = qa_metrics.qa_scores(predictions, [e.answers for e in examples])
+    table.append({'threshold': t, 'quantile': q, 'em': result['em'],
+                  'tokens': float(np.mean([reader.count_tokens(ev) for ev in row])),
+                  'empty_percent': 100.0 * float(np.mean([ev == '' for ev in row]))})
+  best = max(table, key=lambda r: (r['em'], -r['tokens']))
+  return {'threshold': best['threshold'], 'table': table}
 
+
+def oracle_em_choice(reader, examples: Sequence[Example], candidates: dict[str, list[str]], labels: dict[str, dict],
+                     *, max_candidates: int = 0) -> list[dict]:
+  """Per question, the highest-log-likelihood candidate that makes the reader exact-match correct.
+
+  Candidates are read in decreasing log-likelihood order (``labels[id]['loglik']``), in rounds
+  over all unresolved questions (1, 1, 2, 4, ... candidates per question), so a question stops
+  as soon as a correct candidate is found: the first correct one is the LL tie-break winner.
+  ``max_candidates`` > 0 bounds the candidates tried per question (an approximation).
+
+  Returns:
+    per question ``{'choice': candidate index (-1: none correct), 'tried': candidates read}``.
+  """
+  order = {e.id: np.argsort(-np.asarray(labels[e.id]['loglik']), kind='stable').tolist()
+           for e in examples}
+  if max_candidates:
+    order = {i: o[:max_candidates] for i, o in order.items()}
+  tried = {e.id: 0 for e in examples}
+  choice = {e.id: -1 for e in examples}
+  for round_index in itertools.count():
+    width = 1 if round_index < 2 else 2 ** (round_index - 1)
+    open_ = [e for e in examples if choice[e.id] < 0 and tried[e.id] < len(order[e.id])]
+    if not open_:
+      break
+    batch_prompts, batch_answers, owners = [], [], []
+    for e in open_:
+      for j in order[e.id][tried[e.id]:tried[e.id] + width]:
+        batch_prompts.append(prompts.build_prompt(e.question, candidates[e.id][j]))
+        batch_answers.append(e.answers)
+        owners.append((e.id, j))
+      tried[e.id] = min(tried[e.id] + width, len(order[e.id]))
+    em = reader.exact_match(batch_prompts, batch_answers)['em_per_example']
+    for (eid, j), correct in zip(owners, em):
+      if correct and choice[eid] < 0:
+        choice[eid] = j  # owners are in LL order per question: the first hit wins
+  return [{'choice': int(choice[e.id]), 'tried': int(tried[e.id])} for e in examples]
 
 
 class SentenceCompressor:
@@ -349,7 +340,7 @@ def load(spec: dict) -> SentenceCompressor:
   return SentenceCompressor(encoder, k=spec['k'], top_docs=spec['top_docs'], max_candidates=spec['max_candidates'] or None)
 
 
-__all__ = ['ListwiseExample', 'TrainingPair', 'candidate_suffix', 'compress', 'contrastive_loss_fn',
+__all__ = ['ListwiseExample', 'TrainingPair', 'above_threshold', 'candidate_suffix', 'oracle_em_choice', 'tune_threshold', 'compress', 'contrastive_loss_fn',
            'count_truncated', 'em_labels', 'evidence_per_question', 'listwise_arrays', 'listwise_loss_fn', 'loglik_labels',
            'pair_arrays', 'rank_candidates', 'reranked_accuracy', 'select_pair', 'text_id',
            'top_k_evidence', 'SentenceCompressor', 'export_spec', 'load']

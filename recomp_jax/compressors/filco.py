@@ -9,7 +9,7 @@
   (the query, for fact verification); the best sentence with F1 above ``λ = 0.5``;
 * **CXMI** (:func:`cxmi_scores`): ``log p(o | t ⊕ q) − log p(o | q)`` under the generator
   (here: the run's reader, through the sharded scorer the extractive labelling uses,
-  :func:`recomp_jax.compressors.extractive.loglik_labels`), in log space; the best
+  :func:`recomp_jax.reader.candidate_scores.loglik_labels`), in log space; the best
   sentence above ``λ = 0`` (the paper's ratio ``p(o|t⊕q) / p(o|q)`` above 1).
 
 A question with no sentence passing the measure (the output occurs nowhere, no sentence,
@@ -49,10 +49,11 @@ from typing import Sequence
 
 import numpy as np
 
-from recomp_jax.data.schema import Passage
+from recomp_jax.data.schema import Example, Passage
 from recomp_jax.data.sentences import split_sentences
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.reader import Reader, prompts
+from recomp_jax.reader.candidate_scores import loglik_labels
 from recomp_jax.training.finetune import fit_prompt
 
 MEASURES = ('strinc', 'lexical', 'cxmi')
@@ -241,11 +242,10 @@ def cxmi_scores(reader, questions: Sequence[str], sentences: Sequence[Sequence[S
                 outputs: Sequence[str], variant: str = 'paper') -> list[list[list[float]]]:
   """``[Q][P][S_p]`` CXMI of every sentence of every question, with the run's reader.
 
-  One batched call of :func:`recomp_jax.compressors.extractive.loglik_labels` (the sharded
+  One batched call of :func:`recomp_jax.reader.candidate_scores.loglik_labels` (the sharded
   scorer, few-shot prefix encoded once) gives ``log p(o | t ⊕ q)`` per sentence and
   ``log p(o | q)`` once per question. A question without an output scores nothing.
   """
-  from recomp_jax.compressors.extractive import loglik_labels  # pylint: disable=import-outside-toplevel
   todo = [i for i, o in enumerate(outputs) if o]
   flat = [[s for row in sentences[i] for s in row] for i in todo]
   labels = loglik_labels(reader, [questions[i] for i in todo], flat, [[outputs[i]] for i in todo]) if todo else []
@@ -330,7 +330,6 @@ def generator_prompt(question: str, context: str) -> str:
   return prompts.build_prompt(question, context, few_shot='')
 
 
-
 def filter_input(tokenizer, question: str, passages, budget: int) -> tuple[str, bool]:
   """``q ⊕ P`` for the filter model, the passages cut at their end to fit ``budget`` tokens."""
   return fit_prompt(tokenizer, lambda docs: filter_prompt(question, docs), passages_text(passages), budget)
@@ -364,7 +363,61 @@ def load(spec: dict) -> FilterCompressor:
                           max_new_tokens=spec['max_new_tokens'], batch_size=spec['batch_size'])
 
 
-__all__ = ['FilterCompressor', 'export_spec', 'filter_input', 'load', 'CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
+def silver_records(reader, examples: Sequence[Example], *, top_docs: int, measure: str, variant: str,
+                   threshold: float | None, lexical_against: str = 'output') -> list[dict]:
+  """One record per example: sentences ``[P][S]``, scores, ``t_silver`` and PSG labels ``[P]``.
+
+  ``lexical_against``: ``'output'`` or ``'query'`` (fact verification: LEXICAL compares
+  sentences with the claim, §2.2).
+  """
+  if lexical_against not in ('output', 'query'):
+    raise ValueError(f"lexical_against must be 'output' or 'query', got {lexical_against!r}")
+  passages = [e.ctxs[:top_docs] for e in examples]
+  sentences = [passage_sentences(p) for p in passages]
+  outputs = [canonical_output(e.answers, p) for e, p in zip(examples, passages)]
+  if measure == 'cxmi':
+    scores = cxmi_scores(reader, [e.question for e in examples], sentences, outputs, variant)
+  else:
+    scores = [text_scores(s, o, e.answers, measure, variant,
+                                lexical_reference=e.question if lexical_against == 'query' else None)
+              for s, o, e in zip(sentences, outputs, examples)]
+  out = []
+  for e, sents, score, o in zip(examples, sentences, scores, outputs):
+    chosen = select(sents, score, measure, variant, threshold)
+    single = [select([row], [row_scores], measure, variant, threshold)
+              for row, row_scores in zip(sents, score)]
+    out.append({'id': e.id, 'output': o, 'sentences': sents, 'scores': score, 'silver': chosen.text,
+                'silver_indices': [list(ix) for ix in chosen.indices],
+                'psg_keep': [not s.empty for s in single]})
+  return out
+
+
+def keep_threshold(margins: Sequence[float], labels: Sequence[bool]) -> tuple[float, float | None]:
+  """The threshold ``t`` (keep a passage when its margin ``>= t``) with the best F1 of the kept
+  passages against ``labels``, and that F1.
+
+  Candidates are the margins themselves; among equal F1 the highest ``t`` wins (fewest kept).
+  With no positive label F1 is undefined: ``(0.0, None)``, the model's own yes-vs-no.
+
+  Args:
+    margins: ``[N]`` log-odds of keeping, one per passage.
+    labels: ``[N]`` the silver keep labels of the same passages.
+  """
+  m, y = np.asarray(margins, np.float64), np.asarray(labels, bool)
+  if m.shape != y.shape:
+    raise ValueError(f'{m.shape[0]} margins for {y.shape[0]} labels')
+  if not y.any():
+    return 0.0, None
+  order = np.argsort(-m, kind='stable')
+  m, y = m[order], y[order]
+  true_pos = np.cumsum(y)
+  last = np.r_[m[1:] != m[:-1], True]  # a threshold keeps every passage tied with it
+  kept = np.arange(1, len(m) + 1)[last]
+  f1 = 2.0 * true_pos[last] / (kept + y.sum())
+  best = int(np.argmax(f1))  # the first maximum: the highest threshold
+  return float(m[last][best]), float(f1[best])
+
+__all__ = ['FilterCompressor', 'export_spec', 'filter_input', 'keep_threshold', 'load', 'silver_records', 'CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
            'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
            'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_context', 'ranked_filter',
            'released_exact_match',

@@ -6,12 +6,7 @@ import json
 from typing import Sequence
 
 from recomp_jax.data.schema import Passage
-
-
-def truncate(tokenizer, text: str, k: int) -> str:
-  """The first ``k`` tokens of ``text`` under ``tokenizer``, decoded (``text`` itself when shorter)."""
-  ids = tokenizer(text, add_special_tokens=False)['input_ids']
-  return text if len(ids) <= k else tokenizer.decode(ids[:k]).rstrip()
+from recomp_jax.evaluation.rows import in_rank_order, truncate  # also every system's truncation row
 
 
 class TruncationCompressor:
@@ -23,12 +18,6 @@ class TruncationCompressor:
   def compress(self, questions: Sequence[str], documents: Sequence[Sequence[Passage]]) -> list[str]:
     del questions  # truncation reads the documents only
     return [truncate(self.tokenizer, in_rank_order(list(d)[:self.top_docs]), self.k) for d in documents]
-
-
-def in_rank_order(passages: Sequence[Passage]) -> str:
-  """``'{title}\n{text}'`` blocks best first, so the first ``k`` tokens are the top document's start
-  (the reader's own format, :func:`recomp_jax.reader.prompts.format_documents`, puts the best last)."""
-  return '\n'.join(f'{p.title}\n{p.text}' for p in passages)
 
 
 def load(spec: dict) -> TruncationCompressor:

@@ -9,7 +9,8 @@ schema; :func:`bootstrap_rows` compares the trained row (each of a system's comp
 with every other row.
 
 The rows every system shares (:data:`SHARED_ROW_KEYS`) are built here by
-:func:`shared_evidence`; a system adds its own (:meth:`recomp_jax.compressors.base.System.rows`).
+:func:`shared_evidence`, and the length-matched truncation row by :func:`truncation_row`; a
+system adds its own (:meth:`recomp_jax.compressors.base.System.rows`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ SHARED_ROW_NAMES = {
     'top5': 'top-5 documents',
     'lead': 'lead sentence of the top-1 document',
     'gold': 'gold passage(s)',
+    'truncation': "truncation: the top documents cut to the trained row's mean evidence tokens",
 }
+TRUNCATION = 'truncation'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +53,16 @@ class Row:
       ``None`` = the run's reader.
     prompt: ``(question, evidence) -> prompt`` for this row's reader; ``None`` = the reader
       protocol's prompt (:func:`recomp_jax.reader.prompts.build_prompt`).
+    matches: a length-matched row: the key of the row (read earlier in the same evaluation,
+      every seed of it) whose mean evidence tokens this row matches; ``evidence`` is then
+      called with that mean, rounded (at least 1).
   """
   row_id: str
   key: str
-  evidence: Callable[[], list[str | None]]
+  evidence: Callable[..., list[str | None]]
   reader: Callable[[], object] | None = None
   prompt: Callable[[str, str], str] | None = None
+  matches: str | None = None
 
 
 def lead_sentence(example: Example) -> str:
@@ -101,6 +108,31 @@ def shared_evidence(key: str, examples: Sequence[Example]) -> list[str | None]:
   raise ValueError(f'unknown shared row {key!r}; shared rows: {", ".join(SHARED_ROW_KEYS)}')
 
 
+def truncate(tokenizer, text: str, k: int) -> str:
+  """The first ``k`` tokens of ``text`` under ``tokenizer``, decoded (``text`` itself when shorter)."""
+  ids = tokenizer(text, add_special_tokens=False)['input_ids']
+  return text if len(ids) <= k else tokenizer.decode(ids[:k]).rstrip()
+
+
+def in_rank_order(passages: Sequence) -> str:
+  """``'{title}\n{text}'`` blocks best first, so the first ``k`` tokens are the top document's start
+  (the reader's own format, :func:`recomp_jax.reader.prompts.format_documents`, puts the best last)."""
+  return '\n'.join(f'{p.title}\n{p.text}' for p in passages)
+
+
+def truncated_documents(tokenizer, examples: Sequence[Example], *, k: int, top_docs: int) -> list[str]:
+  """Per example, the first ``k`` reader tokens of its top ``top_docs`` documents, best first."""
+  return [truncate(tokenizer, in_rank_order(e.ctxs[:top_docs]), k) for e in examples]
+
+
+def truncation_row(examples: Sequence[Example], tokenizer, *, top_docs: int, matches: str = 'trained') -> Row:
+  """The length-matched truncation baseline of a system's table: the top documents cut to the mean
+  evidence tokens of row ``matches`` (every seed of it), which :func:`evaluate_rows` reads first.
+  A compressor that does not beat it spends its compute for nothing."""
+  return Row(TRUNCATION, TRUNCATION, lambda k: truncated_documents(tokenizer, examples, k=k, top_docs=top_docs),
+             matches=matches)
+
+
 def shared_rows(keys: Sequence[str], examples: Sequence[Example]) -> list[Row]:
   """:class:`Row` objects for the shared keys among ``keys``."""
   return [Row(k, k, lambda k=k: shared_evidence(k, examples)) for k in keys if k in SHARED_ROW_KEYS]
@@ -121,7 +153,14 @@ def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_
     if row.row_id in done:
       continue
     start = time.time()
-    evidence = row.evidence()
+    if row.matches is None:
+      evidence = row.evidence()
+    else:
+      matched = [rec['tokens'] for rid, rec in done.records.items() if rid.split('@')[0] == row.matches]
+      if not matched:
+        raise ValueError(f'row {row.row_id!r} matches the tokens of row {row.matches!r}, which is not '
+                         'evaluated before it')
+      evidence = row.evidence(max(int(round(float(np.mean(matched)))), 1))
     keep = [i for i, ev in enumerate(evidence) if ev is not None]
     build = row.prompt or prompts.build_prompt
     row_reader = row.reader() if row.reader is not None else reader

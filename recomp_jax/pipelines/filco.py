@@ -42,21 +42,21 @@ import numpy as np
 from recomp_jax.compressors import filco
 from recomp_jax.compressors.filco import filter_input  # noqa: F401  (re-exported)
 from recomp_jax.compressors.base import Context, Handoff, System
+from recomp_jax.config_fields import Field
 from recomp_jax.data.formats import iter_jsonl, read_json
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
-from recomp_jax.pipelines import shared
+from recomp_jax.pipelines import defaults, shared
 from recomp_jax.stages import map_resumable
 from recomp_jax.reader import prompts
 
-SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.compressors.extractive',
-                                    'recomp_jax.data')
+SILVER_CODE = shared.READER_CODE + ('recomp_jax.compressors.filco', 'recomp_jax.data')
 TRAIN_CODE = ('recomp_jax.compressors.filco', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.reader.prompts')
 GENERATOR_KINDS = ('full', 'psg', 'filco')
-ROW_KEYS = ('none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'silver', 'filtered_reader')
+ROW_KEYS = ('none', 'top1', 'top5', 'full', 'psg', 'trained', 'ranked', 'truncation', 'silver', 'filtered_reader')
 ROW_NAMES = {
     'full': 'FULL: generator trained and tested on the whole passage(s)',
     'psg': 'PSG: passages kept by the passage-level filter, generator trained on kept passages',
@@ -71,8 +71,48 @@ EVALUATION_ONLY = ('questions_per_call', 'ranked_sentences', 'ranked_empty', 'ps
 PSG_DECISIONS = ('dev_threshold', 'generate')
 
 
+def _model_fields(section: str, *, max_source_length: int, max_target_length: int, max_new_tokens: int
+                  ) -> tuple[Field, ...]:
+  """A fine-tuned model's section (``filter`` or ``generator``; read by :mod:`recomp_jax.training.finetune`)."""
+  return (
+      Field(f'{section}.model', '', "'' = Gemma 3 270M from PyPI (prompt masked from the loss); a T5 trains seq2seq"),
+      Field(f'{section}.max_source_length', max_source_length, 'prompt tokens (longer passages lose their end, '
+            'counted)', minimum=8),
+      Field(f'{section}.max_target_length', max_target_length, 'target tokens in training', minimum=1),
+      Field(f'{section}.max_new_tokens', max_new_tokens, 'tokens written at inference', minimum=1),
+      Field(f'{section}.generate_batch_size', 8, 'rows per generation call', minimum=1),
+      Field(f'{section}.epochs', -1.0, "< 0: train.epochs; else this model's own (train.num_steps > 0 still wins)"),
+      Field(f'{section}.microbatch', 2, 'rows per gradient microbatch (a batch is accumulated over them)', minimum=1),
+      Field(f'{section}.pack', True, 'several pairs per row, attention kept within each (decoder-only; T5 raises)'),
+      Field(f'{section}.remat', True, 'recompute layer activations in the backward pass'),
+      Field(f'{section}.scan_layers', True, 'one scanned layer body (remat saves memory on CPU only over it)'),
+  )
+
+
+# FILCO's config section (the shared one is recomp_jax.pipelines.defaults).
+FIELDS = (
+    Field('filco.measure', 'strinc', 'the silver-context measure (NQ, TQA: strinc; HotpotQA: cxmi)',
+          choices=filco.MEASURES),
+    Field('filco.variant', 'paper', "'released': the authors' code (raw-substring STRINC keeping every match, "
+          'character unigram F1, sigmoid CXMI from probability products, a threshold that never filters)',
+          choices=filco.VARIANTS),
+    Field('filco.threshold', -1.0, "< 0: the measure's own lambda (lexical 0.5, cxmi 0 in log space)"),
+    Field('filco.lexical_against', 'output', "'query' for fact verification (FEVER): §2.2", choices=('output', 'query')),
+    Field('filco.questions_per_call', 16, 'questions per reader call of the CXMI measure', minimum=1),
+    Field('filco.ranked_sentences', 1, "ranked row (beyond the paper): the filter model's most likely sentences "
+          'of the passages, in reading order', minimum=1),
+    Field('filco.ranked_empty', False, 'ranked row: the empty context competes too'),
+    # A longer-trained filter model then does not lengthen the baseline.
+    Field('filco.psg_epochs', -1.0, "the PSG passage classifier's epochs (< 0: train.epochs)"),
+    Field('filco.psg_decision', 'dev_threshold', "how PSG keeps a passage: 'dev_threshold' (yes-vs-no log-odds "
+          "above the dev threshold with the best keep-F1) or 'generate' (the greedy answer)", choices=PSG_DECISIONS),
+    *_model_fields('filter', max_source_length=1024, max_target_length=512, max_new_tokens=512),
+    *_model_fields('generator', max_source_length=1024, max_target_length=32, max_new_tokens=32),
+)
+
+
 def wanted_rows(config) -> list[str]:
-  return shared.requested_rows(config, ROW_KEYS)
+  return shared.with_truncation(shared.requested_rows(config, ROW_KEYS))
 
 
 def measure_threshold(config) -> float | None:
@@ -81,35 +121,6 @@ def measure_threshold(config) -> float | None:
 
 
 # ----------------------------------------------------------------------------- silver contexts
-
-
-def silver_records(reader, examples: Sequence[Example], *, top_docs: int, measure: str, variant: str,
-                   threshold: float | None, lexical_against: str = 'output') -> list[dict]:
-  """One record per example: sentences ``[P][S]``, scores, ``t_silver`` and PSG labels ``[P]``.
-
-  ``lexical_against``: ``'output'`` or ``'query'`` (fact verification: LEXICAL compares
-  sentences with the claim, §2.2).
-  """
-  if lexical_against not in ('output', 'query'):
-    raise ValueError(f"filco.lexical_against must be 'output' or 'query', got {lexical_against!r}")
-  passages = [e.ctxs[:top_docs] for e in examples]
-  sentences = [filco.passage_sentences(p) for p in passages]
-  outputs = [filco.canonical_output(e.answers, p) for e, p in zip(examples, passages)]
-  if measure == 'cxmi':
-    scores = filco.cxmi_scores(reader, [e.question for e in examples], sentences, outputs, variant)
-  else:
-    scores = [filco.text_scores(s, o, e.answers, measure, variant,
-                                lexical_reference=e.question if lexical_against == 'query' else None)
-              for s, o, e in zip(sentences, outputs, examples)]
-  out = []
-  for e, sents, score, o in zip(examples, sentences, scores, outputs):
-    chosen = filco.select(sents, score, measure, variant, threshold)
-    single = [filco.select([row], [row_scores], measure, variant, threshold)
-              for row, row_scores in zip(sents, score)]
-    out.append({'id': e.id, 'output': o, 'sentences': sents, 'scores': score, 'silver': chosen.text,
-                'silver_indices': [list(ix) for ix in chosen.indices],
-                'psg_keep': [not s.empty for s in single]})
-  return out
 
 
 def stage_silver(config, ctx: Context, directory: str) -> dict:
@@ -121,7 +132,7 @@ def stage_silver(config, ctx: Context, directory: str) -> dict:
              'top_docs': config.candidates.top_docs}
 
   def silver(part):
-    return silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
+    return filco.silver_records(reader, part, top_docs=config.candidates.top_docs, measure=f.measure,
                           variant=f.variant, threshold=threshold,
                           lexical_against=f.lexical_against)
 
@@ -367,39 +378,13 @@ def psg_margins(config, model_dir: str, examples: Sequence[Example], out_path: s
   return {i: r['margin'] for i, r in records.items()}
 
 
-def keep_threshold(margins: Sequence[float], labels: Sequence[bool]) -> tuple[float, float | None]:
-  """The threshold ``t`` (keep a passage when its margin ``>= t``) with the best F1 of the kept
-  passages against ``labels``, and that F1.
-
-  Candidates are the margins themselves; among equal F1 the highest ``t`` wins (fewest kept).
-  With no positive label F1 is undefined: ``(0.0, None)``, the model's own yes-vs-no.
-
-  Args:
-    margins: ``[N]`` log-odds of keeping, one per passage.
-    labels: ``[N]`` the silver keep labels of the same passages.
-  """
-  m, y = np.asarray(margins, np.float64), np.asarray(labels, bool)
-  if m.shape != y.shape:
-    raise ValueError(f'{m.shape[0]} margins for {y.shape[0]} labels')
-  if not y.any():
-    return 0.0, None
-  order = np.argsort(-m, kind='stable')
-  m, y = m[order], y[order]
-  true_pos = np.cumsum(y)
-  last = np.r_[m[1:] != m[:-1], True]  # a threshold keeps every passage tied with it
-  kept = np.arange(1, len(m) + 1)[last]
-  f1 = 2.0 * true_pos[last] / (kept + y.sum())
-  best = int(np.argmax(f1))  # the first maximum: the highest threshold
-  return float(m[last][best]), float(f1[best])
-
-
 def psg_decisions(config, ctx: Context, model_dir: str, examples: Sequence[Example], directory: str,
                   seed: int) -> dict[str, list[bool]]:
   """The PSG baseline's keep/drop per passage of the test ``examples`` (``filco.psg_decision``).
 
   * ``'dev_threshold'`` (default): the PSG model's log-odds of " yes" over " no"
     (:func:`psg_margins`), kept at or above the threshold with the best F1 against the dev
-    split's silver labels (:func:`keep_threshold`). The paper does not say how PSG decides; a classifier
+    split's silver labels (:func:`recomp_jax.compressors.filco.keep_threshold`). The paper does not say how PSG decides; a classifier
     fine-tuned where few passages hold the output (top-5 on NQ: 20%) learns the prior and
     answers " no" to every passage, which the threshold corrects.
   * ``'generate'``: the model's greedy answer (:func:`psg_predictions`), the literal reading.
@@ -413,7 +398,7 @@ def psg_decisions(config, ctx: Context, model_dir: str, examples: Sequence[Examp
   dev_margins = psg_margins(config, model_dir, dev, os.path.join(directory, f'psg_dev_seed{seed}.jsonl'))
   k = config.candidates.top_docs
   flat = [(m, keep) for e in dev for m, keep in zip(dev_margins[e.id], dev_silver[e.id]['psg_keep'][:k])]
-  threshold, dev_f1 = keep_threshold([m for m, _ in flat], [keep for _, keep in flat])
+  threshold, dev_f1 = filco.keep_threshold([m for m, _ in flat], [keep for _, keep in flat])
   psg_margins(config, model_dir, examples, os.path.join(directory, f'psg_seed{seed}.jsonl'))
   with open(os.path.join(directory, f'psg_threshold_seed{seed}.json'), 'w', encoding='utf-8') as f:
     json.dump({'threshold': threshold, 'dev_f1': dev_f1, 'dev_passages': len(flat),
@@ -440,27 +425,35 @@ def load_psg_keep(directory: str, seed: int) -> tuple[dict[str, list[bool]], dic
   return {r['id']: [m >= chosen['threshold'] for m in r['margin']] for r in records}, chosen
 
 
-def psg_decision_table(config, ctx: Context, seeds: Sequence[int]) -> list[dict]:
-  """The PSG decisions on the test questions against their silver keep labels, per seed."""
-  directory = ctx.stage_dir('evaluate')
+def psg_decision_counts(config, ctx: Context, directory: str, seeds: Sequence[int]) -> list[dict]:
+  """Per seed, the PSG decisions on the test passages (read from the evaluate stage's
+  ``directory``) counted against their silver keep labels."""
   silver = load_silver(ctx.stage_dir('silver'), 'test')
   k = config.candidates.top_docs
-  table_rows = []
+  out = []
   for seed in seeds:
     keep, chosen = load_psg_keep(directory, seed)
     if not keep:
       continue
-    threshold, dev_f1 = '-', '-'
-    if chosen is not None:
-      threshold = f"{chosen['threshold']:.3f}"
-      dev_f1 = '-' if chosen['dev_f1'] is None else f"{100.0 * chosen['dev_f1']:.1f}"
     decided = [(d, label) for i, decisions in keep.items()
                for d, label in zip(decisions, silver[i]['psg_keep'][:k])]
-    kept = sum(d for d, _ in decided)
-    true_pos = sum(d and label for d, label in decided)
-    positive = sum(label for _, label in decided)
-    table_rows.append([f'psg@{seed}', config.filco.psg_decision, threshold, dev_f1, len(decided),
-                       f'{100.0 * positive / max(len(decided), 1):.1f}', f'{100.0 * kept / max(len(decided), 1):.1f}',
+    out.append({'seed': seed, 'decision': config.filco.psg_decision,
+                'threshold': None if chosen is None else chosen['threshold'],
+                'dev_f1': None if chosen is None else chosen['dev_f1'], 'passages': len(decided),
+                'kept': sum(d for d, _ in decided), 'true_positive': sum(d and label for d, label in decided),
+                'positive': sum(label for _, label in decided)})
+  return out
+
+
+def psg_decision_table(decisions: Sequence[dict]) -> list[dict]:
+  """The extra table of :func:`psg_decision_counts` (``[]`` when no PSG row ran)."""
+  table_rows = []
+  for d in decisions:
+    n, kept, true_pos, positive = d['passages'], d['kept'], d['true_positive'], d['positive']
+    threshold = '-' if d['threshold'] is None else f"{d['threshold']:.3f}"
+    dev_f1 = '-' if d['dev_f1'] is None else f"{100.0 * d['dev_f1']:.1f}"
+    table_rows.append([f"psg@{d['seed']}", d['decision'], threshold, dev_f1, n,
+                       f'{100.0 * positive / max(n, 1):.1f}', f'{100.0 * kept / max(n, 1):.1f}',
                        f'{100.0 * true_pos / kept:.1f}' if kept else '-',
                        f'{100.0 * true_pos / positive:.1f}' if positive else '-'])
   if not table_rows:
@@ -489,23 +482,12 @@ class FilcoSystem(System):
 
   name = 'filco'
   row_keys = ROW_KEYS
+  fields = FIELDS
   compared_rows = ('trained', 'ranked')
   code = ('recomp_jax.compressors.filco', 'recomp_jax.pipelines.filco')
 
-  def validate(self, config) -> None:
+  def validate(self, config) -> None:  # types, choices and minimums: FIELDS (recomp_jax.config_fields)
     wanted_rows(config)
-    if config.filco.measure not in filco.MEASURES:
-      raise shared.PipelineError(f'filco.measure must be one of {filco.MEASURES}, got {config.filco.measure!r}')
-    if config.filco.variant not in filco.VARIANTS:
-      raise shared.PipelineError(f'filco.variant must be one of {filco.VARIANTS}, got {config.filco.variant!r}')
-    if config.filco.lexical_against not in ('output', 'query'):
-      raise shared.PipelineError("filco.lexical_against must be 'output' or 'query', "
-                                 f'got {config.filco.lexical_against!r}')
-    if config.filco.psg_decision not in PSG_DECISIONS:
-      raise shared.PipelineError(f'filco.psg_decision must be one of {PSG_DECISIONS}, '
-                                 f'got {config.filco.psg_decision!r}')
-    if config.filco.ranked_sentences < 1:
-      raise shared.PipelineError(f'filco.ranked_sentences must be at least 1, got {config.filco.ranked_sentences}')
     if not shared.trains(config):
       raise shared.PipelineError('FILCO trains its filter model and generators: set train.epochs or train.num_steps')
 
@@ -593,7 +575,7 @@ class FilcoSystem(System):
       if 'filtered_reader' in keys:
         plan.append(Row(f'filtered_reader@{seed}', 'filtered_reader',
                         lambda predicted=predicted: [predicted()[e.id] for e in examples]))
-    return plan
+    return plan + shared.truncation_rows(config, keys, examples, ctx.resources.reader)
 
   def row_name(self, key: str, config) -> str:
     return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]
@@ -614,7 +596,10 @@ class FilcoSystem(System):
     return [{'title': 'FILCO contexts (test): % empty, precision of the canonical output in the context '
                       '(Table 3: output words / context words) and context tokens',
              'header': ['row', '% empty context', 'output precision (%)', 'context tokens'],
-             'rows': table_rows}] + psg_decision_table(ctx.config, ctx, ctx.config.train.seeds)
+             'rows': table_rows}] + psg_decision_table(ctx.summaries['evaluate'].get('psg_decisions', []))
+
+  def evaluation_summary(self, ctx: Context, examples: Sequence[Example], directory: str) -> dict:
+    return {'psg_decisions': psg_decision_counts(ctx.config, ctx, directory, ctx.config.train.seeds)}
 
   def export(self, ctx: Context, directory: str) -> dict | None:
     filters = sorted(seed for what, seed in ctx.outputs['model_dirs'] if what == 'filter')
@@ -640,6 +625,89 @@ class FilcoSystem(System):
             'filco': config.to_dict()['filco']}
 
 
+# ----------------------------------------------------------------------------- config
+
+def default_config() -> ml_collections.ConfigDict:
+  """FILCO's setting (§4.1): the top-1 passage, 3 epochs, learning rate 5e-5, batch 32,
+  inputs up to 1024 tokens, filtered context up to 512, greedy decoding."""
+  c = defaults.config_for('filco', FIELDS)
+  c.candidates.top_docs = 1  # 1: the paper's main setting; 5: its Table 5
+  c.train.batch_size = 32
+  c.train.learning_rate = 5e-5
+  c.train.warmup_steps = 0
+  return c
+
+
+# §4's choice of measure per dataset ("STRINC for NQ and TQA, LEXICAL for FEVER, and CXMI
+# for WoW, HotpotQA"). §5 (Table 4) ranks them otherwise for FEVER (CXMI) and WoW (LEXICAL);
+# the main-table setting is the default here, and --config.filco.measure switches.
+FILCO_MEASURES = {'nq': 'strinc', 'tqa': 'strinc', 'hotpotqa': 'cxmi', 'fever': 'lexical', 'wow': 'cxmi'}
+KILT_DATASETS = ('fever', 'wow')  # hub only: the paper preset
+
+
+def experiment(dataset: str, preset: str) -> ml_collections.ConfigDict:
+  """The presets of ``configs/{nq,tqa,hotpotqa,fever,wow}_filco.py``.
+
+  paper: the hub data, FLAN-T5-XL filter model and generator, top-1 passage.
+  shared: ``../shared/data`` (held-out eval), Gemma 3 270M filter model and generators.
+  demo: the whole pipeline offline in minutes; ci: the demo at a tiny size (tests).
+  FEVER and Wizard of Wikipedia (KILT) have the paper preset only: no offline copy exists.
+  """
+  c = default_config()
+  c.preset = preset
+  c.workdir = f'workdirs/{dataset}_filco_{preset}'
+  if dataset not in FILCO_MEASURES:
+    raise ValueError(f'unknown dataset {dataset!r}; FILCO configs: {sorted(FILCO_MEASURES)}')
+  c.filco.measure = FILCO_MEASURES[dataset]
+  if dataset == 'fever':
+    c.filco.lexical_against = 'query'  # the output is a label, found in no passage
+  if dataset in KILT_DATASETS and preset != 'paper':
+    raise ValueError(f'unknown preset {preset!r} for {dataset}: its KILT data is on the hub only, '
+                     'so only the paper preset exists')
+  if preset == 'paper':
+    defaults.dataset_data(c, dataset, 'paper')
+    c.candidates.top_docs = 1
+    c.filter.model = c.generator.model = 'google/flan-t5-xl'
+    c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
+    if dataset == 'wow':
+      c.generator.max_target_length = c.generator.max_new_tokens = 64  # a dialogue turn
+  elif preset == 'shared':
+    defaults.dataset_data(c, dataset, 'shared')
+    # Sized for one session on 2 CPU cores (docs/results/filco.md has the runs behind these sizes).
+    c.data.max_train = 400
+    c.filter.epochs = 3.0
+    c.eval.rows = ('none', 'top1', 'full', 'psg', 'trained', 'ranked', 'silver', 'filtered_reader')
+    c.filter.max_source_length = 320
+    c.filter.max_target_length = 64
+    c.filter.max_new_tokens = 64
+    c.generator.max_source_length = 256
+    c.generator.max_target_length = 16
+    c.train.epochs = 1.0
+    c.train.batch_size = 16
+    c.train.warmup_steps = 10
+    c.train.eval_every = 25
+    c.train.checkpoint_every = 25
+  elif preset in ('demo', 'ci'):
+    demo = preset == 'demo'
+    defaults.demo_data(c, dataset, (64, 16, 32) if demo else (12, 4, 6))
+    c.filter.max_source_length = 256 if demo else 160
+    c.filter.max_target_length = 48 if demo else 24
+    c.filter.max_new_tokens = 48 if demo else 12
+    c.generator.max_source_length = 256 if demo else 160
+    c.generator.max_target_length = 16 if demo else 8
+    c.train.batch_size = 8 if demo else 4
+    c.train.epochs = 2.0 if demo else 0.0
+    c.train.num_steps = 0 if demo else 1
+    c.train.warmup_steps = 2 if demo else 0
+    c.train.eval_every = 10 if demo else 1
+    c.train.checkpoint_every = 10 if demo else 1
+    c.train.log_every = 5 if demo else 1
+    c.train.eval_qa_examples = 16 if demo else 2
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
+  return c
+
+
 __all__ = ['FilcoSystem', 'PSG_DECISIONS', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
-           'generator_pairs', 'keep_threshold', 'load_psg_keep', 'psg_decisions', 'psg_margins', 'psg_pairs',
-           'psg_predictions', 'silver_records', 'stage_finetune', 'stage_silver']
+           'generator_pairs', 'load_psg_keep', 'psg_decision_counts', 'psg_decisions', 'psg_margins', 'psg_pairs',
+           'psg_predictions', 'stage_finetune', 'stage_silver']

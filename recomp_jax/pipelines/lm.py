@@ -39,11 +39,14 @@ import numpy as np
 from absl import logging
 
 from recomp_jax import provenance, sharding
+from recomp_jax.config_fields import Field
 from recomp_jax.data import formats, wikitext
 from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.data.sentences import build_candidates, build_corpus
 from recomp_jax.evaluation import lm_metrics
-from recomp_jax.pipelines import shared
+from recomp_jax.retrieval import sentence_ranking
+from recomp_jax.retrieval.exclusion import search_excluding
+from recomp_jax.pipelines import defaults, shared
 from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, read_records
 from recomp_jax.reader import prompts
 
@@ -59,6 +62,26 @@ ROW_KEYS = tuple(ROW_NAMES)
 COMPARED_WITH = ('none', 'top1')  # the bootstrap compares every row with these
 LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
+
+# The task's config: the shared fields it reads (it loads no QA data and trains nothing) and ``lm.*``.
+FIELDS = defaults.shared_fields(without=('data', 'train', 'eval')) + (
+    Field('lm.wikitext_path', '', "a raw WikiText file; '' = the hub (lm.hf_name / hf_config / hf_split)"),
+    Field('lm.hf_name', 'wikitext', 'hub dataset name'),
+    Field('lm.hf_config', '', 'hub dataset config (wikitext-103-raw-v1 in the paper)'),
+    Field('lm.hf_split', 'test', 'hub split'),
+    Field('lm.stride', 32, 'scored tokens per window = retrieval stride (Ram et al., 2023)', minimum=1),
+    Field('lm.query_tokens', 32, 'the retrieval query: the last query_tokens prefix tokens', minimum=1),
+    Field('lm.max_prefix_tokens', 256, 'article text before a window that the reader sees', minimum=0),
+    Field('lm.max_context_tokens', 1024, "evidence + prefix (GPT-2's window in the paper)", minimum=2),
+    Field('lm.max_windows', 0, '0 = every window of every article; else a seeded uniform sample', minimum=0),
+    Field('lm.max_articles', 0, '0 = all', minimum=0),
+    Field('lm.corpus', 'file', "'ovos' (ovos summaries in 100-word passages), 'file' (retrieval.corpus_path) "
+          "or 'ovos+file'", choices=('ovos', 'file', 'ovos+file')),
+    Field('lm.oracle_candidates', 20, "the oracle tries the first candidate sentences (A.1's training cap; 0 = all)",
+          minimum=0),
+    Field('lm.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
+          choices=('all',) + ROW_KEYS),
+)
 
 
 def corpus_parts(config) -> tuple[str, ...]:
@@ -151,18 +174,10 @@ def retrieve_excluding_own_article(search, windows: Sequence[wikitext.LMWindow],
   out = []
   for w in windows:
     own = wikitext.title_key(w.title)
-    depth = 4 * k
-    while True:
-      hits = search(w.query, depth)
-      kept = [p for p in hits if wikitext.title_key(p.title) != own]
-      if len(kept) >= k or len(hits) < depth:
-        break
-      depth *= 4
-    cut = hits.index(kept[k - 1]) + 1 if len(kept) >= k else len(hits)
-    removed = sum(wikitext.title_key(p.title) == own for p in hits[:cut])
+    kept, removed = search_excluding(search, w.query, k, lambda p, own=own: wikitext.title_key(p.title) == own)
     if removed:
-      report.drop('own_article_passage', w.id, n=removed)
-    out.append(kept[:k])
+      report.drop('own_article_passage', w.id, n=len(removed))
+    out.append(kept)
   return out
 
 
@@ -209,8 +224,7 @@ def row_evidence(key: str, windows: Sequence[wikitext.LMWindow], ctxs: dict[str,
     from recomp_jax.retrieval.bm25 import top_sentences  # pylint: disable=import-outside-toplevel
     return [top_sentences(w.query, c, 1)[0] if c else '' for w, c in zip(windows, candidates)]
   if key == 'offtheshelf_sentence':
-    from recomp_jax.compressors import extractive  # pylint: disable=import-outside-toplevel
-    scores = extractive.rank_candidates(resources.encoder(), [w.query for w in windows], candidates)
+    scores = sentence_ranking.rank_candidates(resources.encoder(), [w.query for w in windows], candidates)
     return [c[int(np.argmax(s))] if c else '' for c, s in zip(candidates, scores)]
   raise ValueError(f'no evidence builder for row {key!r}')
 
@@ -382,6 +396,53 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
     f.write(text)
   print(text, flush=True)
   return results
+
+
+# ----------------------------------------------------------------------------- config
+
+def default_config():
+  """The language-modelling task's config at the paper's setting."""
+  c = defaults.config_for('lm', FIELDS, shared=())
+  c.dataset = 'wikitext'
+  c.candidates.top_docs = 5  # RECOMP A.1: sentences of the top 5 BM25 passages
+  return c
+
+
+def experiment(preset: str):
+  """The presets of ``configs/wikitext_lm.py`` (RECOMP's language-modelling task, §4.1).
+
+  paper: WikiText-103 test from the hub, BM25 over the DPR Wikipedia passages the user gives
+    (``retrieval.corpus_path``: psgs_w100 as JSONL), retrieval every 32 tokens. The paper's
+    readers are GPT-2 / GPT-J, which the model zoo does not hold: the reader is ``reader.model``
+    (Gemma 3 270M by default).
+  shared: ``../shared/data``'s WikiText-2 test (the same articles as WikiText-103 test), 400
+    windows drawn from it, BM25 over the ovos Wikipedia summaries and the NQ passage corpus.
+  ci: 6 windows of 3 articles (tests).
+  """
+  c = default_config()
+  c.preset = preset
+  c.workdir = f'workdirs/wikitext_lm_{preset}'
+  if preset == 'paper':
+    c.lm.hf_config = 'wikitext-103-raw-v1'
+    c.lm.max_prefix_tokens = 1024 - 32
+  elif preset in ('shared', 'ci'):
+    c.lm.wikitext_path = '../shared/data/wikitext/wikitext2_test.raw'
+    defaults.use_minilm(c)
+    if preset == 'shared':
+      c.lm.corpus = 'ovos+file'
+      c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
+      c.lm.max_windows = 400
+    else:
+      c.lm.corpus = 'ovos'
+      c.lm.max_articles = 3
+      c.lm.max_windows = 6
+      c.lm.max_prefix_tokens = 64
+      c.lm.max_context_tokens = 512
+      c.lm.oracle_candidates = 0
+      c.reader.score_batch_size = 8
+  else:
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, ci')
+  return c
 
 
 __all__ = ['ROW_KEYS', 'ROW_NAMES', 'bootstrap', 'validate', 'oracle_scores', 'retrieve_excluding_own_article', 'run',

@@ -26,11 +26,10 @@ import json
 import os
 from typing import Sequence
 
-from recomp_jax import sharding, storage
+from recomp_jax import config_fields, sharding, storage
 from recomp_jax.compressors.base import Context, System, write_export
-from recomp_jax.data import formats
 from recomp_jax.evaluation import rows as rows_lib
-from recomp_jax.pipelines import shared
+from recomp_jax.pipelines import defaults, shared
 from recomp_jax.stages import StageRunner, costs_table
 
 # config.system -> 'module:class' of its System.
@@ -53,6 +52,14 @@ def get_system(name: str) -> System:
   return getattr(importlib.import_module(module_name), class_name)()
 
 
+def system_fields(name: str) -> tuple[config_fields.Field, ...]:
+  """Every config field ``config.system=name`` reads: the shared section and the system's own
+  (a task declares its whole set)."""
+  if name in TASKS:
+    return importlib.import_module(TASKS[name].split(':')[0]).FIELDS
+  return defaults.SHARED_FIELDS + tuple(get_system(name).fields)
+
+
 def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
   """Reader EM / F1 / tokens of every row on the test split (rows are cached as they finish)."""
   examples = ctx.examples('test')
@@ -60,7 +67,7 @@ def stage_evaluate(system: System, ctx: Context, directory: str) -> dict:
   reader = ctx.resources.reader
   records = rows_lib.evaluate_rows(reader, examples, rows, os.path.join(directory, 'rows.jsonl'))
   summary = {'rows': {r: {f: rec[f] for f in ('n', 'em', 'f1', 'tokens', 'seconds')} for r, rec in records.items()},
-             'test_questions': len(examples), **system.evaluation_summary(ctx, examples)}
+             'test_questions': len(examples), **system.evaluation_summary(ctx, examples, directory)}
   cache = reader.prediction_cache
   if cache is not None:  # answers read from the cache in this process (all stages), and decoded
     summary['prediction_cache'] = {'path': cache.path, 'hits': cache.hits, 'misses': cache.misses}
@@ -79,15 +86,13 @@ def run(config, workdir: str, *, local_workdir: str | None = None) -> dict | Non
       ``~/.cache/recomp_jax/workdirs``); given with a local ``workdir``, that directory is
       treated as the remote one.
   """
+  config_fields.check(config, system_fields(config.system), config.system)
   if config.system in TASKS:  # not question answering: its own stages (pipelines/lm.py)
     if storage.is_remote(workdir) or local_workdir:
       raise shared.PipelineError(f'config.system={config.system!r} runs in a local workdir only')
     module_name, function_name = TASKS[config.system].split(':')
     return getattr(importlib.import_module(module_name), function_name)(config, workdir)
   system = get_system(config.system)
-  if config.data.train_subset not in formats.TRAIN_SUBSETS:
-    raise shared.PipelineError(f'data.train_subset must be one of {formats.TRAIN_SUBSETS}, '
-                               f'got {config.data.train_subset!r}')
   system.validate(config)
   remote = None
   if storage.is_remote(workdir) or local_workdir:
@@ -235,4 +240,5 @@ def write_results(system: System, ctx: Context, workdir: str, data_files: Sequen
 
 
 __all__ = ['EVAL_CODE', 'SYSTEMS', 'TASKS', 'evaluations_table', 'export_compressor', 'get_system', 'run', 'stage_evaluate',
+           'system_fields',
            'write_results']

@@ -25,15 +25,16 @@ from typing import Sequence
 import numpy as np
 
 from recomp_jax import sharding
-from recomp_jax.compressors import extractive
 from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.data.sentences import build_candidates
 from recomp_jax.data.stage_records import load_candidates, load_labels, read_examples, write_examples  # noqa: F401  (re-exported for the systems)
 from recomp_jax.evaluation import qa_metrics
+from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.stages import StageRunner
 from recomp_jax.pretrained.demo import model_fingerprint, resolve_demo_model  # noqa: F401  (re-exported)
 from recomp_jax.reader import Reader
+from recomp_jax.retrieval import sentence_ranking
 
 # Modules whose source a stage's output depends on (stage fingerprints include their hash).
 DATA_CODE = ('recomp_jax.data',)
@@ -59,6 +60,20 @@ def requested_rows(config, row_keys) -> list[str]:
   if unknown:
     raise PipelineError(f'config.eval.rows: unknown row keys {unknown}; known: all, {", ".join(row_keys)}')
   return list(row_keys) if 'all' in requested else [k for k in row_keys if k in requested]
+
+
+def with_truncation(keys: Sequence[str]) -> list[str]:
+  """``keys`` less the length-matched truncation row when the trained row it matches is not among them."""
+  return [k for k in keys if k != rows_lib.TRUNCATION or 'trained' in keys]
+
+
+def truncation_rows(config, keys: Sequence[str], examples: Sequence[Example], reader) -> list:
+  """The truncation row (:func:`recomp_jax.evaluation.rows.truncation_row`) when ``keys`` ask for it:
+  the top ``candidates.top_docs`` documents cut to the trained row's mean tokens, read by the run's
+  reader. It goes last in a plan, after the trained rows whose tokens it matches."""
+  if rows_lib.TRUNCATION not in keys:
+    return []
+  return [rows_lib.truncation_row(examples, reader.tokenizer, top_docs=config.candidates.top_docs)]
 
 
 class Resources:
@@ -224,8 +239,8 @@ def rerank_documents(examples: Sequence[Example], method: str, models: 'Resource
     orders = [rank_sentences(e.question, [f'{p.title} {p.text}' for p in e.ctxs]) if e.ctxs else []
               for e in examples]
   elif method == 'dense':
-    scores = extractive.rank_candidates(models.encoder(), [e.question for e in examples],
-                                        [[f'{p.title} {p.text}' for p in e.ctxs] for e in examples])
+    scores = sentence_ranking.rank_candidates(models.encoder(), [e.question for e in examples],
+                                              [[f'{p.title} {p.text}' for p in e.ctxs] for e in examples])
     orders = [np.argsort(-s, kind='stable').tolist() for s in scores]
   else:
     raise PipelineError(f"retrieval.rerank must be '', 'bm25' or 'dense', got {method!r}")

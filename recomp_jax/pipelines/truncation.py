@@ -1,6 +1,5 @@
-"""The truncation baseline on the shared runner: no stages of its own; after the shared head the
-evaluate stage reads the shared rows and ``truncated``, the top documents cut to ``k`` tokens.
-"""
+"""The truncation baseline: no stages of its own; the evaluate stage reads the shared rows and
+``truncated``, the top documents cut to ``k`` tokens."""
 
 from __future__ import annotations
 
@@ -9,12 +8,18 @@ from typing import Sequence
 
 from recomp_jax.compressors import truncation
 from recomp_jax.compressors.base import Context, Handoff, System
+from recomp_jax.config_fields import Field
 from recomp_jax.data.schema import Example
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import shared
 
 ROW_KEYS = ('none', 'top1', 'top5', 'truncated')
+FIELDS = (
+    Field('truncation.tokens', 48, 'k: reader tokens kept (unless match_results is set)', minimum=1),
+    Field('truncation.match_results', '', "a results file whose match_row's mean evidence tokens set k"),
+    Field('truncation.match_row', 'trained', 'the row of match_results that k matches'),
+)
 
 
 def budget(config) -> int:
@@ -30,10 +35,9 @@ class TruncationSystem(System):
   row_keys = ROW_KEYS
   code = ('recomp_jax.compressors.truncation',)
   compared_rows = ('truncated',)
+  fields = FIELDS
 
   def validate(self, config) -> None:
-    if not config.truncation.match_results and config.truncation.tokens < 1:
-      raise shared.PipelineError('truncation.tokens must be >= 1 (or name truncation.match_results)')
     shared.requested_rows(config, ROW_KEYS)
 
   def stages(self, ctx: Context) -> Handoff:
