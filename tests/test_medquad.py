@@ -1,0 +1,129 @@
+"""MedQuAD files (K-COMP's data) and leave-own-answer-out retrieval."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from recomp_jax.data import medquad
+from recomp_jax.data.schema import DataError, Example, FilterReport, Passage
+from recomp_jax.retrieval.exclusion import search_excluding
+
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'shared', 'data')
+
+
+def _write(path, rows):
+  with gzip.open(path, 'wt', encoding='utf-8') as f:
+    for r in rows:
+      f.write((r if isinstance(r, str) else json.dumps(r)) + '\n')
+  return str(path)
+
+
+def _passage(pid, title, text, doc='GHR:1'):
+  return {'id': pid, 'qa_id': pid.split('#')[0], 'doc_id': doc, 'title': title, 'qtype': 'information',
+          'source': doc.split(':')[0], 'text': text}
+
+
+def _question(qid, focus, own, question='What is (are) X ?', answer='X is a thing.'):
+  return {'id': qid, 'doc_id': 'GHR:1', 'source': 'GHR', 'url': 'u', 'focus': focus, 'qtype': 'information',
+          'question': question, 'answer': answer, 'own_passage_ids': own}
+
+
+def test_reading_keys_passages_by_id_and_title_and_questions_by_id_and_focus(tmp_path):
+  corpus = medquad.read_corpus(_write(tmp_path / 'c.jsonl.gz', [
+      _passage('1-1#0', 'Polycythemia Vera', 'a'), _passage('1-1#0', 'Primary Myelofibrosis', 'b'),
+      _passage('1-1#1', 'Polycythemia Vera', 'c')]))
+  assert [(m.passage.id, m.passage.title, m.qa_id, m.index) for m in corpus] == [
+      ('1-1#0', 'Polycythemia Vera', '1-1', 0), ('1-1#0', 'Primary Myelofibrosis', '1-1', 0),
+      ('1-1#1', 'Polycythemia Vera', '1-1', 1)]
+  questions = medquad.read_questions(_write(tmp_path / 'q.jsonl.gz', [
+      _question('1-1', 'Polycythemia Vera', ['1-1#0', '1-1#1']), _question('1-1', 'Primary Myelofibrosis', ['1-1#0'])]))
+  assert [e.id for e in questions] == ['1-1|Polycythemia Vera', '1-1|Primary Myelofibrosis']
+  assert questions[0].answers == ['X is a thing.'] and questions[0].meta['own_passage_ids'] == ['1-1#0', '1-1#1']
+  assert questions[0].meta['qa_id'] == '1-1' and questions[0].ctxs == []
+
+
+@pytest.mark.parametrize('rows, message', [
+    ([_passage('1-1#0', 'A', 'a'), _passage('1-1#0', 'A', 'b')], "c.jsonl.gz:2: field 'id': duplicate passage '1-1#0' of 'A'"),
+    ([_passage('1-1', 'A', 'a')], "c.jsonl.gz:1: field 'id': expected 'QA_ID#k', got '1-1'"),
+    ([{**_passage('1-1#0', 'A', 'a'), 'qa_id': '2-1'}], "c.jsonl.gz:1: field 'qa_id': '2-1' does not match the id '1-1#0'"),
+    ([{**_passage('1-1#0', 'A', 'a'), 'text': ''}], "c.jsonl.gz:1: field 'text': empty string"),
+    (['[1, 2]'], 'c.jsonl.gz:1: expected a JSON object, got list'),
+])
+def test_bad_corpus_rows_name_file_line_and_field(tmp_path, rows, message):
+  with pytest.raises(DataError) as e:
+    medquad.read_corpus(_write(tmp_path / 'c.jsonl.gz', rows))
+  assert message in str(e.value)
+
+
+def test_bad_question_rows_name_file_line_and_field(tmp_path):
+  with pytest.raises(DataError, match=r"q.jsonl.gz:2: field 'own_passage_ids': empty list"):
+    medquad.read_questions(_write(tmp_path / 'q.jsonl.gz', [_question('1-1', 'A', ['1-1#0']), _question('2-1', 'A', [])]))
+  with pytest.raises(DataError, match=r"q.jsonl.gz:2: field 'id': duplicate question '1-1' about 'A'"):
+    medquad.read_questions(_write(tmp_path / 'q.jsonl.gz', [_question('1-1', 'A', ['1-1#0'])] * 2))
+
+
+def test_search_excluding_widens_until_k_survive_and_counts_what_it_left_out():
+  ranked = [Passage(str(i), 't', f'p{i}') for i in range(40)]
+  calls = []
+
+  def search(query, depth):
+    calls.append(depth)
+    return ranked[:depth]
+
+  kept, removed = search_excluding(search, 'q', 3, lambda p: int(p.id) < 12)  # the 12 best are excluded
+  assert [p.id for p in kept] == ['12', '13', '14'] and removed == ranked[:12] and calls == [12, 48]
+  kept, removed = search_excluding(search, 'q', 3, lambda p: p.id in ('1', '30'))
+  assert [p.id for p in kept] == ['0', '2', '3'] and removed == [ranked[1]]  # '30' ranked below the last kept
+  kept, removed = search_excluding(lambda q, d: ranked[:5], 'q', 3, lambda p: int(p.id) < 4)
+  assert [p.id for p in kept] == ['4'] and len(removed) == 4  # the corpus ran out
+
+
+def test_leave_own_answer_out_on_fixture_passages():
+  own = Passage('7-1#0', 'Frostbite', 'frostbite is an injury caused by freezing')
+  same_id_other_source = Passage('7-1#1', 'Fragile X', 'frostbite freezing freezing')
+  sibling = Passage('7-2#0', 'Frostbite', 'what is frostbite: warm the skin')  # verbatim in the answer
+  rest = [Passage(f'{i}-1#0', 'Other', f'freezing injury {i}') for i in range(1, 6)]
+  corpus = [own, same_id_other_source, sibling] + rest
+  from recomp_jax.retrieval.bm25 import BM25Index
+  index = BM25Index(corpus)
+  example = Example(
+      id='7-1|Frostbite', question='what is frostbite freezing injury', answers=['... what is frostbite: warm the skin ...'],
+      meta={'focus': 'Frostbite', 'own_passage_ids': ['7-1#0', '7-1#1']})
+  report = FilterReport('retrieve')
+  (out,) = medquad.retrieve_leaving_own_answer_out(index.search, [example], 3, report)
+  assert [p.id for p in out.ctxs] == [p.id for p in index.search(example.question, 8) if p.id[:3] not in ('7-1', '7-2')][:3]
+  assert report.dropped['own_id_passage'] == 2 and report.dropped['verbatim_in_reference'] == 1
+  (plain,) = medquad.retrieve_leaving_own_answer_out(index.search, [example], 3, leave_out_verbatim=False)
+  assert sibling.id in [p.id for p in plain.ctxs]  # the README's rule alone lets the sibling through
+  with pytest.raises(DataError, match="question 'x' has no own_passage_ids"):
+    medquad.retrieve_leaving_own_answer_out(index.search, [Example(
+        id='x', question='q', answers=['a'])], 3)
+
+
+def test_no_retrieved_passage_of_any_split_is_its_questions_own():
+  """Over the real files (train, dev and the held-out test questions: an exclusion check, no
+  model or metric): BM25 top-5 never holds a passage of the question's own answer, by id or by
+  text (a passage cut from the reference answer)."""
+  corpus_path = os.path.join(SHARED, 'medquad', 'corpus_medquad.jsonl.gz')
+  if not os.path.exists(corpus_path):
+    pytest.skip('../shared/data/medquad is absent')
+  from recomp_jax.retrieval.bm25 import BM25Index
+  corpus = medquad.read_corpus(corpus_path)
+  assert len(corpus) == 31497
+  index = BM25Index([m.passage for m in corpus])
+  paths = {'train': os.path.join(SHARED, 'medquad', 'train.jsonl.gz'), 'dev': os.path.join(SHARED, 'medquad', 'dev.jsonl.gz'),
+           'test': os.path.join(SHARED, 'eval', 'medquad_test.jsonl.gz')}
+  sizes = {'train': 12250, 'dev': 1653, 'test': 1645}
+  for split, path in paths.items():
+    questions = medquad.read_questions(path)
+    assert len(questions) == sizes[split]
+    report = FilterReport(split)
+    for e in medquad.retrieve_leaving_own_answer_out(index.search, questions, 5, report):
+      assert len(e.ctxs) == 5
+      own = set(e.meta['own_passage_ids'])
+      for p in e.ctxs:
+        assert p.id not in own, (split, e.id, p.id)
+        assert p.text not in e.answers[0], (split, e.id, p.id)
+    assert report.dropped['own_id_passage'] > 0.5 * len(questions)  # most questions' own answer ranks high
