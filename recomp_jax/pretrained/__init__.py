@@ -105,11 +105,13 @@ def load_pretrained(src: str | os.PathLike, *, dtype=jnp.float32, param_dtype=jn
 
 
 def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: str | None = None,
-                      dtype=None) -> str:
+                      dtype=None, tokenizer=None) -> str:
   """Writes ``pretrained`` as a Hugging Face directory that ``transformers`` loads.
 
   Writes ``config.json``, safetensors (sharded above 4 GiB) and, when
-  available, the tokenizer from ``tokenizer_dir`` (default: the source dir).
+  available, the tokenizer: ``tokenizer`` itself (e.g. one with added special tokens,
+  :func:`recomp_jax.pretrained.special_tokens.add_special_tokens`), else the one in
+  ``tokenizer_dir`` (default: the source dir).
   In a multi-process run every process calls it and process 0 writes.
   """
   import numpy as np
@@ -122,6 +124,9 @@ def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: st
   config_dict = pretrained.family.config_to_hf(pretrained.config)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(config_dict, f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
   tokenizer_dir = tokenizer_dir or pretrained.source_dir
   if tokenizer_dir:
     try:
