@@ -74,9 +74,12 @@ _TOP_LEVEL = {
 _ROW = {'key': _STR, 'name': _STR, 'em': _NUMBER, 'f1': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
 # The language-modelling task (system 'lm'): pooled perplexity of its windows instead of EM / F1.
 _LM_ROW = {'key': _STR, 'name': _STR, 'ppl': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
+# K-COMP (system 'kcomp'): long-form answers scored against one reference, BERTScore F1 and ROUGE-L (%).
+_LONG_FORM_ROW = {'key': _STR, 'name': _STR, 'bertscore_f1': _NUMBER, 'rougeL': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
+_ROW_SPECS = {'lm': _LM_ROW, 'kcomp': _LONG_FORM_ROW}
 _BOOTSTRAP = {'a': _STR, 'b': _STR, 'metric': _STR, 'delta': _NUMBER, 'lo': _NUMBER,
               'hi': _NUMBER}
-_PER_SEED_METRICS = ('em', 'f1')  # a row may carry '{metric}_per_seed'
+_PER_SEED_METRICS = ('em', 'f1', 'bertscore_f1', 'rougeL')  # a row may carry '{metric}_per_seed'
 
 
 def _is_type(value: Any, kind: str) -> bool:
@@ -159,7 +162,7 @@ def validate_results(results: Any, path: PathLike = '<results>') -> dict:
     raise ValueError(f'{path}: the top level must be a JSON object')
   _check_fields(path, results, _TOP_LEVEL)
   _check_list_of(path, results['seeds'], 'seeds', _INT)
-  _check_rows(path, results['rows'], _LM_ROW if results['system'] == 'lm' else _ROW)
+  _check_rows(path, results['rows'], _ROW_SPECS.get(results['system'], _ROW))
   _check_bootstrap(path, results['bootstrap'])
   _check_optional(path, results)
   return results
@@ -189,6 +192,8 @@ def main_metric(dataset: str) -> str:
   (for FEVER: the accuracy of the label)."""
   if dataset.lower() == 'wikitext':
     return 'ppl'
+  if dataset.lower() == 'medquad':
+    return 'bertscore_f1'
   return 'f1' if dataset.lower() in ('hotpotqa', 'wow') else 'em'
 
 
@@ -280,11 +285,26 @@ def lm_rows_table(results: dict) -> list[str]:
                  'tokens / top-1'], body)
 
 
+def long_form_rows_table(results: dict) -> list[str]:
+  """``| evidence | n | BERTScore F1 | ROUGE-L | evidence tokens | tokens / top-5 |``, K-COMP in bold."""
+  top5 = _find_row(results, 'top5')
+  body = []
+  for row in results['rows']:
+    cells = [_cell(row['name']), str(row['n']), _metric_cell(row, 'bertscore_f1'), _metric_cell(row, 'rougeL'),
+             _fmt(row['tokens']), _ratio_cell(row, top5['tokens'] if top5 is not None else None)]
+    if row['key'] == main_row_key(results):
+      cells = [f'**{c}**' for c in cells]
+    body.append(cells)
+  return _table(['evidence', 'n', 'BERTScore F1', 'ROUGE-L', 'evidence tokens', 'tokens / top-5'], body)
+
+
 def rows_table(results: dict) -> list[str]:
   """``| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |``, trained row in bold
   (the language-modelling task: :func:`lm_rows_table`)."""
   if results['system'] == 'lm':
     return lm_rows_table(results)
+  if results['system'] == 'kcomp':
+    return long_form_rows_table(results)
   top5 = _find_row(results, 'top5')
   top5_tokens = top5['tokens'] if top5 is not None else None
   body = []
@@ -353,7 +373,7 @@ def render_markdown(results: dict, *, source: str | None = None) -> str:
 # compressors.filco.MEASURES, spelt out so that this module stays light (a test keeps them equal)
 FILCO_MEASURE_ORDER = ('strinc', 'lexical', 'cxmi')
 FILCO_MEASURE_NAMES = {'strinc': 'STRINC', 'lexical': 'LEXICAL', 'cxmi': 'CXMI'}
-DATASET_NAMES = {'nq': 'NQ', 'tqa': 'TQA', 'hotpotqa': 'HotpotQA', 'fever': 'FEVER', 'wow': 'WoW'}
+DATASET_NAMES = {'nq': 'NQ', 'tqa': 'TQA', 'hotpotqa': 'HotpotQA', 'fever': 'FEVER', 'wow': 'WoW', 'medquad': 'MedQuAD'}
 
 
 def _row_value(results: dict, key: str, metric: str) -> str:
@@ -420,13 +440,13 @@ def filco_measure_table(runs: Sequence[dict], sources: Sequence[str]) -> str:
 
 
 SYSTEM_NAMES = {'extractive': 'RECOMP extractive', 'abstractive': 'RECOMP abstractive', 'filco': 'FILCO',
-                'truncation': 'truncation', 'lm': 'LM task'}
+                'truncation': 'truncation', 'lm': 'LM task', 'kcomp': 'K-COMP'}
 # The row a system is judged by: 'trained', except for the systems named here.
-SYSTEM_MAIN_ROWS = {'truncation': 'truncated'}
+SYSTEM_MAIN_ROWS = {'truncation': 'truncated', 'kcomp': 'kcomp'}
 # Rows that are no baseline besides the main row: the system's own variants (FILCO's 'ranked' and
 # 'filtered_reader' read its filter model's output), rows that see the gold answer ('oracle...',
 # 'gold', 'silver') and the teacher.
-SUMMARY_NOT_BASELINES = ('trained', 'ranked', 'filtered_reader', 'gold', 'silver', 'teacher')
+SUMMARY_NOT_BASELINES = ('trained', 'ranked', 'filtered_reader', 'gold', 'silver', 'teacher', 'kcomp_no_prior')
 SUMMARY_HEADER = ('system', 'dataset', 'metric', 'n', 'seeds', 'score', 'tokens', 'strongest baseline',
                   'its score', 'its tokens', 'score − baseline [95% CI]', 'results')
 

@@ -21,7 +21,7 @@ _DEMO, _JSONL, _HF = ('demo',), ('jsonl',), ('hf',)
 SHARED_FIELDS: tuple[Field, ...] = (
     Field('system', 'extractive', 'the compressor system (recomp_jax.pipelines.runner.SYSTEMS)'),
     Field('dataset', 'nq', 'names the results file and the main metric',
-          choices=('nq', 'tqa', 'hotpotqa', 'fever', 'wow', 'wikitext')),
+          choices=('nq', 'tqa', 'hotpotqa', 'fever', 'wow', 'wikitext', 'medquad')),
     Field('preset', '', 'the preset the config file built (recorded in the results)'),
     Field('seed', 0, 'the run seed (data splits, sampling, bootstrap)'),
     Field('workdir', '', 'where stages, checkpoints and results go (--workdir wins)'),

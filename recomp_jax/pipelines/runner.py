@@ -39,8 +39,9 @@ SYSTEMS = {
     'filco': 'recomp_jax.pipelines.filco:FilcoSystem',
     'truncation': 'recomp_jax.pipelines.truncation:TruncationSystem',
 }
-# config.system -> 'module:function' of a task that is not question answering (no System, no shared head).
-TASKS = {'lm': 'recomp_jax.pipelines.lm:run'}
+# config.system -> 'module:function' of a task that is not short-answer question answering (no System, no
+# shared head): language modelling, and K-COMP's long-form medical QA.
+TASKS = {'lm': 'recomp_jax.pipelines.lm:run', 'kcomp': 'recomp_jax.pipelines.kcomp:run'}
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
 
 

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Sequence
 
 import jax.numpy as jnp
+from tokenizers import AddedToken
 
 from recomp_jax.pretrained import Pretrained
 
@@ -23,7 +24,8 @@ def add_special_tokens(pretrained: Pretrained, tokenizer, tokens: Sequence[str])
   """Adds ``tokens`` to ``tokenizer`` (in place) and grows ``pretrained``'s embedding to match.
 
   Tokens the tokenizer already holds are kept as they are (their rows untouched), so calling it
-  again on a model that has them is a no-op.
+  again on a model that has them is a no-op. The tokens are added whole (never split into
+  pieces) but not as special tokens, so decoding with ``skip_special_tokens=True`` keeps them.
 
   Args:
     pretrained: a decoder-only model (Gemma: ``model.embedder.embedding [V, D]``, an optional
@@ -39,7 +41,10 @@ def add_special_tokens(pretrained: Pretrained, tokenizer, tokens: Sequence[str])
     raise ValueError(f'add_special_tokens supports decoder-only models with an embedder, not {type(model).__name__}')
   missing = [t for t in tokens if t not in tokenizer.get_vocab()]
   if missing:
-    tokenizer.add_special_tokens({'additional_special_tokens': missing}, replace_extra_special_tokens=False)
+    # Atomic added tokens, but not "special": decode(skip_special_tokens=True), which every
+    # generator uses to drop BOS / EOS / padding, keeps them, so a compressor's output still
+    # shows where each description ends (K-COMP splits it at the last <eom>).
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
   ids = tokenizer.convert_tokens_to_ids(list(tokens))
   old = int(config.vocab_size)
   new = max(old, len(tokenizer))

@@ -218,13 +218,19 @@ def load_section_model(section):
 
 def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
                         best_name: str, probe: Callable | None = None,
-                        objective: objectives.Objective | None = None) -> dict:
+                        objective: objectives.Objective | None = None,
+                        prepare: Callable | None = None) -> dict:
   """Loads ``section.model``, fine-tunes it on ``pairs(tokenizer) -> (train, dev)`` and exports
   the checkpoint with the best dev loss to ``{directory}/{best_name}`` (with no dev pairs:
   the final model). ``probe(tokenizer)``, when given, returns the monitoring function
-  ``model -> metrics`` of :func:`finetune`. Returns the training summary."""
+  ``model -> metrics`` of :func:`finetune`. ``prepare(pretrained, tokenizer)``, when given,
+  changes the loaded model and tokenizer before training (K-COMP adds its special tokens,
+  :func:`recomp_jax.pretrained.special_tokens.add_special_tokens`); the export then writes
+  that tokenizer. Returns the training summary."""
   from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
   pretrained, tokenizer = load_section_model(section)
+  if prepare is not None:
+    prepare(pretrained, tokenizer)
   train, dev = pairs(tokenizer)
   if not train:
     raise ValueError(f'no training pairs for {directory}')
@@ -232,7 +238,8 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
 
   def export(trained):
     export_pretrained(Pretrained(trained, pretrained.config, pretrained.family, pretrained.source_dir),
-                      best_dir, tokenizer_dir=pretrained.source_dir)
+                      best_dir, tokenizer_dir=pretrained.source_dir,
+                      tokenizer=tokenizer if prepare is not None else None)
 
   summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
                               directory=directory, export=export,
