@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     'safetensors==0.8.0',
     'datasets==5.2.0',
     'rank_bm25==0.2.2',
+    'rouge-score==0.1.2',  # K-COMP's ROUGE-L (imported when its evaluation runs)
     'openai==3.54.0',
     'tensorboard==2.21.0',
     'absl-py==2.5.1',

@@ -14,6 +14,14 @@ if [ "${1:-}" = "--slow" ]; then
   shift
 fi
 python3 -m pip install -q -e '.[test,demo,serve,tf]'
+# torch 2.13.0 here is the CPU build; a triton left by an earlier CUDA torch (the demo extra's
+# sentence-transformers pulls one) crashes pytest workers inside `import triton`. It is of no use
+# to a CPU torch, so it goes.
+if python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda is None else 1)' 2>/dev/null \
+    && python3 -m pip show -q triton >/dev/null 2>&1; then
+  echo "scripts/test.sh: removing triton, left by a CUDA torch: the CPU torch 2.13.0 of the tests cannot use it"
+  python3 -m pip uninstall -y -q triton
+fi
 # One persistent XLA compilation cache for this run: every pytest process, xdist worker, pipeline
 # and notebook kernel below loads a program another one already compiled instead of compiling it
 # again. It starts empty, so each run still compiles everything once; it is removed at the end.

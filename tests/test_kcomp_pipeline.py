@@ -67,7 +67,7 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir):
   targets = [json.loads(line) for line in open(os.path.join(stages, 'targets', 'train.jsonl'))]
   assert len(targets) == knowledge['train']['kept']
   for t in targets:
-    pool = kcomp.passage_sentences(train[t['id']].ctxs)
+    pool = kcomp.passage_sentences(train[t['id']].ctxs, 20)
     assert len(t['loglik']) == len(pool) > 2
     best = sorted(np.argsort(-np.asarray(t['loglik']), kind='stable')[:2])
     assert t['summary'] == ' '.join(pool[j] for j in best)

@@ -177,14 +177,14 @@ def ft_prompt(question: str, passages: Sequence[Passage]) -> str:
 # ----------------------------------------------------------------------------- summary targets
 
 
-def passage_sentences(passages: Sequence[Passage]) -> list[str]:
-  """Every sentence of ``passages`` in reading order, each once."""
+def passage_sentences(passages: Sequence[Passage], limit: int = 0) -> list[str]:
+  """The sentences of ``passages`` in reading order, each once, the first ``limit`` (0 = all)."""
   out = []
   for p in passages:
     for sentence in split_sentences(p.text):
       if sentence not in out:
         out.append(sentence)
-  return out
+  return out[:limit] if limit else out
 
 
 def answer_head(tokenizer, answer: str, tokens: int) -> str:
@@ -195,19 +195,22 @@ def answer_head(tokenizer, answer: str, tokens: int) -> str:
 
 def reader_sentence_summaries(reader, questions: Sequence[str], answers: Sequence[str],
                               passages: Sequence[Sequence[Passage]], *, sentences: int,
-                              answer_tokens: int) -> list[dict]:
+                              answer_tokens: int, max_candidates: int = 0) -> list[dict]:
   """Beyond the paper, a summary target for when no teacher can summarise: per question the
   ``sentences`` sentences of its passages under which the reader gives the reference answer
   (its first ``answer_tokens`` tokens) the highest log-likelihood, in reading order.
 
   Each sentence is read alone in Table 7's prompt (:func:`reader_prompt`, no prior knowledge).
+  Only the first ``max_candidates`` sentences compete (0 = all; RECOMP's A.1 caps its labelled
+  candidates at 20): the reader scores every candidate over the whole vocabulary at every
+  reference token, so the cap and ``answer_tokens`` set the labelling's cost.
 
   Returns:
     per question ``{'summary': str ('' without sentences), 'loglik': [n_sentences], 'none_loglik'}``.
   """
   contexts, targets, owners, pools = [], [], [], []
   for i, (q, a, ps) in enumerate(zip(questions, answers, passages)):
-    pool = passage_sentences(ps)
+    pool = passage_sentences(ps, max_candidates)
     pools.append(pool)
     target = ' ' + answer_head(reader.tokenizer, a, answer_tokens)
     for text in pool + ['']:  # '' last: the no-retrieval prompt

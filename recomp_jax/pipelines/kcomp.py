@@ -94,7 +94,9 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'enc
           "paper, 'reader_sentence' (the passages' sentences under which the reader likes the reference best)",
           choices=('reader_sentence', 'teacher')),
     Field('kcomp.summary_sentences', 2, 'sentences of a reader-sentence summary', minimum=1, read_when=_SENTENCES),
-    Field('kcomp.answer_tokens', 64, "reference tokens the sentence labels score", minimum=1, read_when=_SENTENCES),
+    Field('kcomp.answer_tokens', 32, "reference tokens the sentence labels score", minimum=1, read_when=_SENTENCES),
+    Field('kcomp.max_candidates', 20, 'sentences that compete for a reader-sentence summary (0 = all)', minimum=0,
+          read_when=_SENTENCES),
     Field('kcomp.answer_stop', ('\n\n',), "the reader's long-form answer ends at these strings", element=str),
     Field('kcomp.bertscore_model', '', "BERTScore's encoder ('' = MiniLM from PyPI; roberta-large in the paper)"),
     Field('kcomp.bertscore_layers', 0, 'BERTScore layers (0 = all; roberta-large: 17)', minimum=0),
@@ -252,7 +254,8 @@ def stage_targets(config, runner: StageRunner, resources, directory: str) -> dic
       def label(part):
         return kcomp.reader_sentence_summaries(
             resources.reader, [e.question for e in part], [e.answers[0] for e in part], [e.ctxs for e in part],
-            sentences=config.kcomp.summary_sentences, answer_tokens=config.kcomp.answer_tokens)
+            sentences=config.kcomp.summary_sentences, answer_tokens=config.kcomp.answer_tokens,
+            max_candidates=config.kcomp.max_candidates)
       records = map_resumable(path, examples, label, chunk=config.reader.questions_per_call,
                               desc=f'reader sentences {split}')
     else:
@@ -483,7 +486,8 @@ def run(config, workdir: str) -> dict | None:
         lambda d: stage_knowledge(config, runner, d), deps=('data',), code=KNOWLEDGE_CODE, collective=False)
     target_inputs = {'targets': k['targets']}
     if k['targets'] == 'reader_sentence':
-      target_inputs.update(shared.reader_inputs(config), sentences=k['summary_sentences'], answer_tokens=k['answer_tokens'])
+      target_inputs.update(shared.reader_inputs(config), sentences=k['summary_sentences'],
+                           answer_tokens=k['answer_tokens'], max_candidates=k['max_candidates'])
     else:
       teacher = {f: v for f, v in cfg['teacher'].items() if f not in ('concurrency', 'max_retries', 'timeout_s',
                                                                          'server_max_batch', 'api_key_env')}
@@ -583,9 +587,9 @@ def notes(config, summaries: dict) -> list[str]:
   if 'targets' in summaries:
     t = summaries['targets']
     source = ("the teacher's summaries (Table 6)" if t['source'] == 'teacher' else
-              f"beyond the paper, the {config.kcomp.summary_sentences} sentences of the passages under which the "
-              f"reader gives the reference answer's first {config.kcomp.answer_tokens} tokens the highest "
-              'log-likelihood (reader_sentence)')
+              f"beyond the paper, the {config.kcomp.summary_sentences} sentences (of the first "
+              f"{config.kcomp.max_candidates or 'all'} of the passages) under which the reader gives the reference "
+              f"answer's first {config.kcomp.answer_tokens} tokens the highest log-likelihood (reader_sentence)")
     out.append(f'Summary targets: {source}; ' + '; '.join(
         f"{s}: {v['questions']} questions, {v['empty']} empty, {v['mean_words']:.1f} words on average"
         for s, v in t.items() if isinstance(v, dict)) + '.')
@@ -604,7 +608,7 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict) ->
   records = read_records(os.path.join(runner.stage_dir('evaluate'), 'rows.jsonl'), key='row')
   rows, per_question = aggregate(records)
   costs = runner.costs()
-  trained = summaries.get('train_kcomp_seed0', {})
+  trained = next((v for name, v in summaries.items() if name.startswith('train_kcomp_seed')), {})
   results = {
       'system': 'kcomp', 'dataset': config.dataset, 'preset': config.preset, **provenance.git_state(),
       'source_hash': provenance.source_hash(), 'data_hashes': provenance.data_hashes(input_files(config)),
@@ -659,9 +663,9 @@ def experiment(preset: str):
 
   paper: Gemma-2B compressor, MedQuAD from the given files (the hub's MASH-QA / BioASQ / MedCorp
     are not read yet), roberta-large BERTScore at layer 17, the teacher at ``teacher.base_url``.
-  shared: ``../shared/data/medquad`` (300 held-out test questions, the first of the seeded
-    file), Gemma 3 270M compressor and reader, reader-sentence targets, sized for one session on
-    2 CPU cores.
+  shared: ``../shared/data/medquad``: the first 100 training and 16 dev questions, the first 300
+    held-out test questions (the file is a seeded shuffle), BM25 top-5, Gemma 3 270M compressor and
+    reader, reader-sentence targets, 2 epochs: one session on 2 CPU cores.
   ci: a few questions with tiny models (tests set them).
   """
   c = default_config()
@@ -678,15 +682,17 @@ def experiment(preset: str):
     c.kcomp.bertscore_model, c.kcomp.bertscore_layers = 'roberta-large', 17
     c.train.batch_size = 16
   elif preset == 'shared':
-    k.max_train, k.max_dev, k.max_test = 160, 24, 300
+    # One session on 2 CPU cores, about 105 minutes: labels ~12, the two fine-tunes ~38, compressing
+    # the test questions ~20, the reader's long-form answers of the seven rows ~33.
+    k.max_train, k.max_dev, k.max_test = 100, 16, 300
     k.top_docs = 5
-    c.compressor.max_source_length = 640
+    c.compressor.max_source_length = 512
     c.compressor.max_target_length = 160
     c.compressor.max_new_tokens = 128
-    c.reader.max_new_tokens = 96
+    c.reader.max_new_tokens = 64
     c.train.epochs = 2.0
     c.train.batch_size = 8
-    c.train.warmup_steps = 1  # 3% of 40 steps
+    c.train.warmup_steps = 1  # 3% of ~22 steps
     c.train.eval_every = 10
     c.train.checkpoint_every = 10
     c.train.eval_qa_examples = 0
