@@ -131,6 +131,35 @@ def test_generator_pairs_take_the_output_from_the_passages_and_full_needs_no_sil
       ('Its capital is Paris.\n\ncapital of France?\nAnswer:', ' Paris'), ('where is France?\nAnswer:', ' Europe')]
 
 
+def test_released_variant_lexical_takes_the_best_gold_answer_and_an_empty_context_reads_the_top_passage():
+  """The released code (zorazrw/filco): LEXICAL is the best character F1 over every gold answer
+  (eval.py calc_unigram_f1), and a generator whose filtered context is empty reads the top-1
+  passage's text (get_inputs.py get_example_io -> get_context, one passage, no title)."""
+  from recomp_jax.data.schema import Example
+  from recomp_jax.compressors.filco import silver_records
+  from recomp_jax.pipelines.filco import generator_pairs
+  sentences = [['zzzz qqqq.', 'The capital is Lutetia.']]
+  # The canonical output 'Paris' is the first answer; the second answer matches the sentence whole.
+  paper = filco.text_scores(sentences, 'Paris', ['Paris', 'capital is Lutetia.'], 'lexical', 'paper')
+  released = filco.text_scores(sentences, 'Paris', ['Paris', 'capital is Lutetia.'], 'lexical', 'released')
+  assert released[0][1] == pytest.approx(max(filco.unigram_f1('The capital is Lutetia.', [a], 'released')
+                                             for a in ('Paris', 'capital is Lutetia.')))
+  assert released[0][1] > filco.unigram_f1('The capital is Lutetia.', ['Paris'], 'released')
+  assert paper[0][1] == filco.unigram_f1('The capital is Lutetia.', ['Paris'], 'paper') == 0.0
+  assert filco.filtered_context('', [Passage('1', 'T', 'Top text.'), Passage('2', 'U', 'Next.')], 'released') == 'Top text.'
+  assert filco.filtered_context('', [Passage('1', 'T', 'Top text.')], 'paper') == ''
+  assert filco.filtered_context('kept', [Passage('1', 'T', 'Top text.')], 'released') == 'kept'
+  assert filco.filtered_context('', [], 'released') == ''
+  maps = Passage('2', 'Maps', 'No answer here.')
+  examples = [Example('q2', 'where is France?', ['Europe'], [maps])]
+  silver = {r['id']: r for r in silver_records(None, examples, top_docs=1, measure='strinc', variant='released',
+                                                 threshold=None)}
+  assert silver['q2']['silver'] == ''
+  assert generator_pairs('filco', examples, silver, 1, 'released') == [
+      ('No answer here.\n\nwhere is France?\nAnswer:', ' Europe')]
+  assert generator_pairs('filco', examples, silver, 1) == [('where is France?\nAnswer:', ' Europe')]
+
+
 def test_prompts_keep_literal_braces_and_the_generator_reads_context_then_question():
   assert (filco.filter_prompt('q {docs}?', 'P {query}')
           == 'Question: q {docs}?\nPassage: P {query}\nMost helpful sentence:')

@@ -36,7 +36,16 @@ authors' code (github.com/zorazrw/filco) computes instead, offered for compariso
 * exact match keeps punctuation (its normalisation drops only case, articles and spacing);
 * CXMI is ``sigmoid(-log(prod p_base / prod p_ctx))`` from raw probability products
   (which underflow to ``nan`` for long outputs) and the top sentence of every passage is
-  kept when its score is ``>= 0``, a threshold that never filters.
+  kept when its score is ``>= 0``, a threshold that never filters;
+* LEXICAL scores a sentence against *every* gold answer and keeps the best (``calc_unigram_f1``
+  of ``eval.py``), where the paper compares with the output;
+* a generator whose filtered context is empty reads the top-1 passage's text instead
+  (``get_example_io`` of ``get_inputs.py`` falls back to ``get_context``, one passage, no title):
+  :func:`filtered_context`.
+
+The first release's STRINC selection tested ``is True`` on a float and so never selected a
+sentence; its commit f2e60f2 ("fix strinc processing") fixed that, and the variant follows the
+fixed code.
 """
 
 from __future__ import annotations
@@ -233,6 +242,9 @@ def text_scores(sentences: Sequence[Sequence[str]], output: str, answers: Sequen
   if measure == 'strinc':
     return [[float(strinc(s, answers, variant)) for s in row] for row in sentences]
   if measure == 'lexical':
+    if variant == 'released' and lexical_reference is None:  # the best of every gold answer
+      references = [a for a in answers if a]
+      return [[unigram_f1(s, references, variant) if references else 0.0 for s in row] for row in sentences]
     reference = output if lexical_reference is None else lexical_reference
     return [[unigram_f1(s, [reference], variant) if reference else 0.0 for s in row] for row in sentences]
   raise ValueError(f'text_scores computes strinc or lexical, not {measure!r}')
@@ -322,6 +334,15 @@ def filter_prompt(question: str, passages_str: str) -> str:
 def passage_prompt(question: str, passage: Passage) -> str:
   """The PSG model's input for one passage (it answers :data:`KEEP_WORD` or :data:`DROP_WORD`)."""
   return prompts.fill(PASSAGE_PROMPT, passage=f'{passage.title}\n{passage.text}', query=question)
+
+
+def filtered_context(context: str, passages: Sequence[Passage], variant: str = 'paper') -> str:
+  """What a generator reads for a filtered context. paper: the context itself ('' = the question
+  alone). released: an empty context becomes the top-1 passage's text, without its title."""
+  _check_variant(variant)
+  if variant == 'released' and not context.strip():
+    return passages[0].text if passages else ''
+  return context
 
 
 def generator_prompt(question: str, context: str) -> str:
@@ -417,7 +438,7 @@ def keep_threshold(margins: Sequence[float], labels: Sequence[bool]) -> tuple[fl
   best = int(np.argmax(f1))  # the first maximum: the highest threshold
   return float(m[last][best]), float(f1[best])
 
-__all__ = ['FilterCompressor', 'export_spec', 'filter_input', 'keep_threshold', 'load', 'silver_records', 'CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
+__all__ = ['filtered_context', 'FilterCompressor', 'export_spec', 'filter_input', 'keep_threshold', 'load', 'silver_records', 'CXMI_THRESHOLD', 'EMPTY', 'LEXICAL_THRESHOLD', 'MEASURES', 'Selection', 'VARIANTS',
            'canonical_output', 'cxmi_from_logliks', 'cxmi_scores', 'filter_prompt', 'generator_prompt',
            'passage_prompt', 'passage_sentences', 'passages_text', 'ranked_context', 'ranked_filter',
            'released_exact_match',

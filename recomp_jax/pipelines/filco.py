@@ -94,7 +94,8 @@ FIELDS = (
     Field('filco.measure', 'strinc', 'the silver-context measure (NQ, TQA: strinc; HotpotQA: cxmi)',
           choices=filco.MEASURES),
     Field('filco.variant', 'paper', "'released': the authors' code (raw-substring STRINC keeping every match, "
-          'character unigram F1, sigmoid CXMI from probability products, a threshold that never filters)',
+          'character unigram F1 against every gold answer, sigmoid CXMI from probability products, a threshold '
+          'that never filters, the top-1 passage for an empty filtered context)',
           choices=filco.VARIANTS),
     Field('filco.threshold', -1.0, "< 0: the measure's own lambda (lexical 0.5, cxmi 0 in log space)"),
     Field('filco.lexical_against', 'output', "'query' for fact verification (FEVER): §2.2", choices=('output', 'query')),
@@ -177,21 +178,22 @@ def kept_passages(passages, keep: Sequence[bool]) -> str:
   return prompts.format_documents([p for p, k in zip(passages, keep) if k])
 
 
-def generator_context(kind: str, example: Example, silver: dict | None, top_docs: int) -> str:
+def generator_context(kind: str, example: Example, silver: dict | None, top_docs: int,
+                      variant: str = 'paper') -> str:
   """The context a generator of ``kind`` trains on (silver labels, gold answers allowed; FULL
-  reads the passages alone, so its ``silver`` may be None)."""
+  reads the passages alone, so its ``silver`` may be None; ``variant`` as :func:`filco.filtered_context`)."""
   passages = example.ctxs[:top_docs]
   if kind == 'full':
     return prompts.format_documents(passages)
   if kind == 'psg':
     return kept_passages(passages, silver['psg_keep'])
   if kind == 'filco':
-    return silver['silver']
+    return filco.filtered_context(silver['silver'], passages, variant)
   raise ValueError(f'unknown generator kind {kind!r}; kinds: {GENERATOR_KINDS}')
 
 
-def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, dict] | None, top_docs: int
-                    ) -> list[tuple[str, str]]:
+def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, dict] | None, top_docs: int,
+                    variant: str = 'paper') -> list[tuple[str, str]]:
   """``(context ⊕ q, ' o')`` per example with an output (examples without one are skipped, counted by silver).
 
   The output ``o`` (:func:`filco.canonical_output`) does not depend on the measure, so FULL
@@ -201,7 +203,7 @@ def generator_pairs(kind: str, examples: Sequence[Example], silver: dict[str, di
   for e in examples:
     output = filco.canonical_output(e.answers, e.ctxs[:top_docs])
     if output:
-      context = generator_context(kind, e, None if silver is None else silver[e.id], top_docs)
+      context = generator_context(kind, e, None if silver is None else silver[e.id], top_docs, variant)
       pairs.append((filco.generator_prompt(e.question, context), prompts.answer_target(output)))
   return pairs
 
@@ -252,7 +254,7 @@ def stage_finetune(config, ctx: Context, what: str, seed: int, directory: str) -
       elif what == 'psg':
         out[split] = psg_pairs(examples, silver, k)
       else:
-        out[split] = generator_pairs(what.split('_', 1)[1], examples, silver, k)
+        out[split] = generator_pairs(what.split('_', 1)[1], examples, silver, k, config.filco.variant)
     extra['empty_targets'] = sum(not y for _, y in out['train'])
     return out['train'], out['dev']
 
@@ -294,7 +296,8 @@ def training_probe(config, ctx: Context, what: str, tokenizer):
     return lambda model: qa(Reader.from_model(model, tokenizer, generate_batch_size=f.generate_batch_size,
                                               max_new_tokens=f.max_new_tokens).answer(inputs))
   kind, silver = what.split('_', 1)[1], silver_for(ctx, what, 'dev')
-  contexts = [generator_context(kind, e, None if silver is None else silver[e.id], k) for e in examples]
+  contexts = [generator_context(kind, e, None if silver is None else silver[e.id], k, config.filco.variant)
+              for e in examples]
   r = config.reader
 
   def generator_probe(model):
@@ -545,6 +548,9 @@ class FilcoSystem(System):
             for key in keys if key in rows_lib.SHARED_ROW_KEYS]
     dirs = ctx.outputs['model_dirs']
     gen = filco.generator_prompt
+
+    def filtered(texts):  # what the generator reads of each filtered context (the released code's fallback)
+      return [filco.filtered_context(t, e.ctxs[:k], config.filco.variant) for t, e in zip(texts, examples)]
     for seed in config.train.seeds:
       def reader_of(kind, seed=seed):
         return lambda: generator_reader(config, dirs[(f'generator_{kind}', seed)])
@@ -561,20 +567,20 @@ class FilcoSystem(System):
           return [kept_passages(e.ctxs[:k], keep[e.id]) for e in examples]
         plan.append(Row(f'psg@{seed}', 'psg', psg_evidence, reader=reader_of('psg'), prompt=gen))
       if 'trained' in keys:
-        plan.append(Row(f'trained@{seed}', 'trained', lambda predicted=predicted: [
-            predicted()[e.id] for e in examples], reader=reader_of('filco'), prompt=gen))
+        plan.append(Row(f'trained@{seed}', 'trained', lambda predicted=predicted: filtered([
+            predicted()[e.id] for e in examples]), reader=reader_of('filco'), prompt=gen))
       if 'ranked' in keys:
         def ranked(seed=seed):
           chosen = filter_ranked(config, dirs[('filter', seed)], examples,
                                  os.path.join(directory, f'filter_ranked_seed{seed}.jsonl'))
-          return [chosen[e.id] for e in examples]
+          return filtered([chosen[e.id] for e in examples])
         plan.append(Row(f'ranked@{seed}', 'ranked', ranked, reader=reader_of('filco'), prompt=gen))
       if 'silver' in keys:
-        plan.append(Row(f'silver@{seed}', 'silver', lambda: [silver[e.id]['silver'] for e in examples],
+        plan.append(Row(f'silver@{seed}', 'silver', lambda: filtered([silver[e.id]['silver'] for e in examples]),
                         reader=reader_of('filco'), prompt=gen))
       if 'filtered_reader' in keys:
         plan.append(Row(f'filtered_reader@{seed}', 'filtered_reader',
-                        lambda predicted=predicted: [predicted()[e.id] for e in examples]))
+                        lambda predicted=predicted: filtered([predicted()[e.id] for e in examples])))
     return plan + shared.truncation_rows(config, keys, examples, ctx.resources.reader)
 
   def row_name(self, key: str, config) -> str:
