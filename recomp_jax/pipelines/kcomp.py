@@ -682,8 +682,7 @@ def experiment(preset: str):
     c.kcomp.bertscore_model, c.kcomp.bertscore_layers = 'roberta-large', 17
     c.train.batch_size = 16
   elif preset == 'shared':
-    # One session on 2 CPU cores, about 105 minutes: labels ~12, the two fine-tunes ~38, compressing
-    # the test questions ~20, the reader's long-form answers of the seven rows ~33.
+    # Sized for one session on 2 CPU cores; the measured stage minutes are in docs/results/kcomp.md.
     k.max_train, k.max_dev, k.max_test = 100, 16, 300
     k.top_docs = 5
     c.compressor.max_source_length = 512
