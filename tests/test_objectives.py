@@ -109,7 +109,10 @@ def test_orpo_loss_fn_equals_orpo_loss_on_full_logits():
   ref, ref_metrics = losses.orpo_loss(per_response[0], a['target_mask'][:, 0], per_response[1],
                                       a['target_mask'][:, 1], orpo_lambda=2.5)
   np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
-  np.testing.assert_allclose(float(metrics['log_odds_ratio']), float(ref_metrics['log_odds_ratio']), rtol=1e-5)
+  # The log-odds ratio is a difference of two near-equal float32 log-probabilities, so its
+  # relative error is large when it is near zero: compare it on an absolute scale too.
+  np.testing.assert_allclose(float(metrics['log_odds_ratio']), float(ref_metrics['log_odds_ratio']),
+                             rtol=1e-5, atol=1e-6)
   assert float(metrics[losses.LOSS_WEIGHT]) == 3.0
 
 
