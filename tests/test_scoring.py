@@ -224,6 +224,37 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
     scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
 
 
+def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypatch):
+  """Corpus-in-context scoring: one long prefix (several windows), ragged queries (5 > batch_size,
+  so two windows of queries), each with its own candidates; every candidate equals its full
+  string, the prefix is prefilled once and each query once."""
+  hf, model = gemma_pair
+  tokenizer = _char_tokenizer()
+  prefixes, extends = [], []
+  encode, extend = scoring._slack_prefix_jit, scoring._extend_jit
+  monkeypatch.setattr(scoring, '_slack_prefix_jit', lambda *a, **k: prefixes.append(a[2].shape) or encode(*a, **k))
+  monkeypatch.setattr(scoring, '_extend_jit', lambda *a, **k: extends.append(a[3].shape) or extend(*a, **k))
+  corpus = 'ID: 0 | a cat. END 0\nID: 1 | the moon is far. END 1\nID: 2 | dogs bark. END 2\n'
+  queries = ['q: moon?\n', 'q: a pet that barks\nanswer ', 'x', 'q: cats\n', 'q: where is it, the moon?\n']
+  owners = [0, 0, 0, 1, 1, 2, 3, 3, 3, 4, 4, 4, 4]
+  targets = ['ID: 0', 'ID: 1', 'ID: 2', 'ID: 1', 'ID: 2', ' no', 'ID: 0', 'ID: 1', 'ID: 22', 'ID: 0', 'ID: 1',
+             'ID: 2', '']
+  scorer = scoring.CausalScorer(model, tokenizer, batch_size=4)
+  prefix_ids = tokenizer([corpus])['input_ids'][0]
+  assert len(prefix_ids) > 4 * WINDOW
+  got = scorer.score_ids_after_queries(prefix_ids, tokenizer(queries, add_special_tokens=False)['input_ids'], owners,
+                                       tokenizer(targets, add_special_tokens=False)['input_ids'])
+  assert len(prefixes) == 1 and [shape[0] for shape in extends] == [4, 1]
+  full = scorer.score_details([corpus + queries[g] for g in owners], targets)
+  np.testing.assert_allclose(got.total, full.total, atol=TOL, rtol=0)
+  np.testing.assert_array_equal(got.num_tokens, full.num_tokens)
+  assert got.total[-1] == 0.0 and np.ptp(got.total[:-1]) > 1.0
+  reference = _hf_causal(hf, tokenizer([corpus + queries[g] for g in owners])['input_ids'],
+                         tokenizer(targets, add_special_tokens=False)['input_ids'])
+  _assert_scores(got, reference)
+  with pytest.raises(ValueError, match='owners must index'):
+    scorer.score_ids_after_queries(prefix_ids, [[5]], [1], [[5]])
+
 def test_prefix_slots_are_powers_of_two():
   assert [scoring.prefix_slots(n, 16) for n in (1, 2, 3, 5, 9, 17)] == [1, 2, 4, 8, 16, 16]
 
@@ -380,6 +411,8 @@ def _all_scores(mesh) -> dict[str, np.ndarray]:
                                                     targets).total,  # 2 prefixes a call: replicated
          'prefixes_split': causal.score_ids_with_prefixes(contexts, list(range(8)), suffixes,
                                                           targets).total,  # 8 a call: split over devices
+         'queries': causal.score_ids_after_queries([2] + list(range(40, 70)), [[9] + s for s in suffixes[:5]] + [[7]],
+                                                   [0, 1, 2, 3, 4, 5, 5, 0], targets).total,
          'seq2seq': seq2seq.score_ids(contexts, [t + [1] for t in targets]).total}
   if mesh is not None:
     out['embedding_spec'] = causal.model.embedder.embedding.get_value().sharding.spec

@@ -292,6 +292,23 @@ def continuation_log_likelihood(model: GemmaModel, prefix: PrefixState, input_id
                          vocab_chunk)
 
 
+def extend_prefix(model: GemmaModel, prefix: PrefixState, input_ids: jax.Array,
+                  attention_mask: jax.Array) -> PrefixState:
+  """``G`` continuations of one encoded prefix, each kept as a prefix of its own.
+
+  Args:
+    prefix: a batch-1 :class:`PrefixState` whose cache has ring slack for the padding of
+      ``input_ids`` (:meth:`GemmaModel.init_cache`'s ``ring_slack``).
+    input_ids, attention_mask: ``[G, T]`` left-padded continuations (e.g. one query each after
+      a corpus shared by all).
+  Returns:
+    a ``G``-row :class:`PrefixState` for :func:`continuation_log_likelihood`.
+  """
+  cache = _batch_constrained(prefix.cache.take(jnp.zeros((input_ids.shape[0],), jnp.int32)))
+  hidden, cache = model.prefill(input_ids, attention_mask, cache, return_hidden=True)  # [G, T, D]
+  return PrefixState(cache, hidden[:, -1])
+
+
 # ----------------------------------------------------------------------------- jitted entry points
 
 
@@ -318,6 +335,19 @@ def _seq2seq_jit(graphdef, state, batch, *, vocab_chunk):
 @functools.partial(jax.jit, static_argnames=('graphdef', 'capacity'))
 def _prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity):
   return encode_prefix(nnx.merge(graphdef, state), prefix_ids, prefix_mask, capacity)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'capacity', 'slack'))
+def _slack_prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity, slack):
+  model = nnx.merge(graphdef, state)
+  cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=slack)
+  hidden, cache = model.prefill(prefix_ids, prefix_mask, cache, return_hidden=True)
+  return PrefixState(cache, hidden[:, -1])
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef',))
+def _extend_jit(graphdef, state, prefix, input_ids, attention_mask):
+  return extend_prefix(nnx.merge(graphdef, state), prefix, input_ids, attention_mask)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'vocab_chunk'))
@@ -632,6 +662,71 @@ class CausalScorer(_Scorer):
     return _collect(results, len(target_ids))
 
 
+  def score_ids_after_queries(self, prefix_ids: Sequence[int], query_ids: Sequence[Sequence[int]],
+                              owners: Sequence[int], target_ids: Sequence[Sequence[int]]) -> Scores:
+    """Two levels of sharing: candidate ``i`` is ``log p(target_i | prefix + query_{owners[i]})``.
+
+    The prefix (e.g. a corpus in context, BOS included) is prefilled once; each window of
+    ``batch_size`` queries is left-padded to its bucket and prefilled on the tiled prefix
+    cache once (:func:`extend_prefix`); then every candidate of the window (e.g. each passage
+    ID a query could name), sorted by length, runs in calls of ``batch_size`` rows that gather
+    their query's cache. So a query with ``N`` candidates costs its own tokens once plus the
+    ``N`` short targets, not ``N`` copies of itself, and the prefix is never re-encoded.
+    Equal to :meth:`score_ids` on the concatenations: RoPE positions count real tokens only
+    and the sliding layers' rings get slack for the padding between prefix and query.
+    """
+    self._check_lengths(owners, target_ids, 'owners')
+    if not target_ids:
+      return Scores(np.zeros((0,), np.float32), np.zeros((0,), np.int32), [])
+    if not prefix_ids:
+      raise ValueError('the shared prefix is empty (it needs at least BOS)')
+    if any(not 0 <= g < len(query_ids) for g in owners):
+      raise ValueError(f'owners must index the {len(query_ids)} queries')
+    if any(len(query_ids[g]) == 0 for g in set(owners)):
+      raise ValueError('every scored query needs at least one token')
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(owners):
+      members.setdefault(int(g), []).append(i)
+    used = sorted(members, key=lambda g: -len(query_ids[g]))
+    query_len = self._length(max(len(query_ids[g]) for g in used))
+    target_len = self._length(max(len(t) for t in target_ids))
+    prefix_len = self._length(len(prefix_ids))
+    graphdef, state = nnx.split(self.model)
+    ids, mask = pad_rows([list(prefix_ids)], prefix_len, self.pad_id, left=True)
+    if self.mesh is not None:
+      replicated = sharding.replicated(self.mesh)
+      ids, mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i]) for x in (ids, mask))
+    prefix = self._run(_slack_prefix_jit, graphdef, state, ids, mask,
+                       capacity=prefix_len + query_len + target_len, slack=query_len)
+    results = []
+    for start in range(0, len(used), self.batch_size):
+      window = used[start:start + self.batch_size]
+      slots = prefix_slots(len(window), self.batch_size)
+      q_ids, q_mask = pad_rows([list(query_ids[g]) for g in _fill(window, slots)], query_len, self.pad_id,
+                               left=True)
+      if self.mesh is not None and slots % sharding.batch_shards(self.mesh) == 0:
+        q_ids, q_mask = self._put((q_ids, q_mask))
+      elif self.mesh is not None:
+        replicated = sharding.replicated(self.mesh)
+        q_ids, q_mask = (jax.make_array_from_callback(x.shape, replicated, lambda i, x=x: x[i])
+                         for x in (q_ids, q_mask))
+      extended = self._run(_extend_jit, graphdef, state, prefix, q_ids, q_mask)
+      slot = {g: k for k, g in enumerate(window)}
+      candidates = [i for g in window for i in members[g]]
+      for order in _batches([len(target_ids[i]) for i in candidates], self.batch_size):
+        index = np.asarray([candidates[j] for j in order])
+        rows = _fill(index.tolist(), self.batch_size)
+        targets = [list(target_ids[i]) for i in rows]
+        chunk_ids, chunk_mask = pad_rows(targets, self._length(max(len(t) for t in targets)), self.pad_id)
+        batch = {'input_ids': chunk_ids, 'attention_mask': chunk_mask,
+                 'prefix_rows': np.asarray([slot[owners[i]] for i in rows], np.int32),
+                 **_targets(targets, [0] * len(targets), self._slots(max(len(t) for t in targets)))}
+        out = self._run(_continuation_jit, graphdef, state, extended, self._put(batch),
+                        vocab_chunk=self.vocab_chunk)
+        results.append((index, out))
+    return _collect(results, len(target_ids))
+
+
 def prefix_slots(groups: int, batch_size: int) -> int:
   """Prefixes a compiled call holds for ``groups`` real ones: the next power of two (at most
   ``batch_size``), so a run compiles a handful of prefix counts."""
@@ -697,5 +792,5 @@ class Seq2SeqScorer(_Scorer):
 __all__ = ['CausalScorer', 'DEFAULT_VOCAB_CHUNK', 'LENGTH_BUCKETS',
            'LogLikelihood', 'OutputHead', 'PrefixState', 'Scores',
            'Seq2SeqScorer', 'TARGET_BUCKETS', 'causal_log_likelihood',
-           'continuation_log_likelihood', 'encode_prefix', 'output_head', 'prefix_slots',
+           'continuation_log_likelihood', 'encode_prefix', 'extend_prefix', 'output_head', 'prefix_slots',
            'seq2seq_log_likelihood', 'target_log_probs']
