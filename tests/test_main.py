@@ -46,7 +46,8 @@ def test_unknown_preset_and_missing_config():
 def test_help_lists_systems_presets_and_fields():
   out = _main('--help')
   assert out.returncode == 0
-  assert 'systems (config.system): abstractive, extractive, filco, truncation, kcomp, lm' in out.stdout
+  assert 'systems (config.system): abstractive, extractive, filco, truncation, color, kcomp, lm' in out.stdout
+  assert 'configs/nq_color.py: paper, shared, ci' in out.stdout and "--config.color.variant='paper'" in out.stdout
   assert 'configs/nq_truncation.py: shared, demo, ci' in out.stdout and '--config.truncation.tokens=48' in out.stdout
   assert 'configs/wikitext_lm.py: paper, shared, ci' in out.stdout and "--config.lm.stride=32" in out.stdout
   assert 'configs/medquad_kcomp.py: paper, shared, ci' in out.stdout and "--config.kcomp.variant='paper'" in out.stdout
@@ -76,5 +77,5 @@ def test_bad_data_row_exits_2_naming_file_and_line(tmp_path):
 def test_unknown_system_exits_2_listing_the_systems(tmp_path):
   out = _main('--config=configs/nq_extractive.py:quickstart', '--config.system=nope', f'--workdir={tmp_path}')
   assert out.returncode == 2
-  assert "config.system='nope' is not one of ['abstractive', 'extractive', 'filco', 'truncation', 'kcomp', 'lm']" in out.stderr
+  assert "config.system='nope' is not one of ['abstractive', 'extractive', 'filco', 'truncation', 'color', 'kcomp', 'lm']" in out.stderr
   assert 'Traceback' not in out.stderr

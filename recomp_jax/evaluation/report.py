@@ -76,10 +76,13 @@ _ROW = {'key': _STR, 'name': _STR, 'em': _NUMBER, 'f1': _NUMBER, 'tokens': _NUMB
 _LM_ROW = {'key': _STR, 'name': _STR, 'ppl': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
 # K-COMP (system 'kcomp'): long-form answers scored against one reference, BERTScore F1 and ROUGE-L (%).
 _LONG_FORM_ROW = {'key': _STR, 'name': _STR, 'bertscore_f1': _NUMBER, 'rougeL': _NUMBER, 'tokens': _NUMBER, 'n': _INT}
-_ROW_SPECS = {'lm': _LM_ROW, 'kcomp': _LONG_FORM_ROW}
+# CoLoR (system 'color'): long-context-LM retrieval, R@1 (%), the compression rate and prompt tokens per query.
+_RETRIEVAL_ROW = {'key': _STR, 'name': _STR, 'r1': _NUMBER, 'compression': _NUMBER, 'prompt_tokens': _NUMBER,
+                  'tokens': _NUMBER, 'n': _INT}
+_ROW_SPECS = {'lm': _LM_ROW, 'kcomp': _LONG_FORM_ROW, 'color': _RETRIEVAL_ROW}
 _BOOTSTRAP = {'a': _STR, 'b': _STR, 'metric': _STR, 'delta': _NUMBER, 'lo': _NUMBER,
               'hi': _NUMBER}
-_PER_SEED_METRICS = ('em', 'f1', 'bertscore_f1', 'rougeL')  # a row may carry '{metric}_per_seed'
+_PER_SEED_METRICS = ('em', 'f1', 'bertscore_f1', 'rougeL', 'r1')  # a row may carry '{metric}_per_seed'
 
 
 def _is_type(value: Any, kind: str) -> bool:
@@ -260,9 +263,8 @@ def describe_run(results: dict, source: str | None = None) -> str:
   seeds = _seeds_text(results['seeds'])
   if _has_seed_spread(results):
     seeds += ' (rows with per-seed results show mean ± sample std over seeds)'
-  unit = 'windows' if results['system'] == 'lm' else 'questions'
-  parts += [seeds, f'evaluated on {results["n"]} {unit}',
-            f'main metric {main_metric(results["dataset"]).upper()}']
+  unit = {'lm': 'windows', 'color': 'queries'}.get(results['system'], 'questions')
+  parts += [seeds, f'evaluated on {results["n"]} {unit}', f'main metric {results_metric(results).upper()}']
   commit = f'code `{results["git_commit"][:10]}`'
   parts.append(commit + (' (dirty)' if results['dirty'] else ''))
   if source is not None:
@@ -298,6 +300,19 @@ def long_form_rows_table(results: dict) -> list[str]:
   return _table(['evidence', 'n', 'BERTScore F1', 'ROUGE-L', 'evidence tokens', 'tokens / top-5'], body)
 
 
+def retrieval_rows_table(results: dict) -> list[str]:
+  """``| corpus | queries | R@1 | passage tokens | compression | prompt tokens / query |``, CoLoR in bold."""
+  body = []
+  for row in results['rows']:
+    cells = [_cell(row['name']), str(row['n']), _metric_cell(row, 'r1'), _fmt(row['tokens']),
+             f"{row['compression']:.2f}x" if row['compression'] else '-',
+             _fmt(row['prompt_tokens'], 0) if row['prompt_tokens'] else '-']
+    if row['key'] == main_row_key(results):
+      cells = [f'**{c}**' for c in cells]
+    body.append(cells)
+  return _table(['corpus', 'queries', 'R@1', 'passage tokens', 'compression', 'prompt tokens / query'], body)
+
+
 def rows_table(results: dict) -> list[str]:
   """``| evidence | n | EM | F1 | evidence tokens | tokens / top-5 |``, trained row in bold
   (the language-modelling task: :func:`lm_rows_table`)."""
@@ -305,6 +320,8 @@ def rows_table(results: dict) -> list[str]:
     return lm_rows_table(results)
   if results['system'] == 'kcomp':
     return long_form_rows_table(results)
+  if results['system'] == 'color':
+    return retrieval_rows_table(results)
   top5 = _find_row(results, 'top5')
   top5_tokens = top5['tokens'] if top5 is not None else None
   body = []
@@ -328,7 +345,7 @@ def bootstrap_table(results: dict) -> list[str]:
     comparison = f'{names.get(e["a"], e["a"])} − {names.get(e["b"], e["b"])}'
     body.append([_cell(comparison), e['metric'].upper(), _signed(e['delta']),
                  f'[{_signed(e["lo"])}, {_signed(e["hi"])}]'])
-  metric = main_metric(results['dataset']).upper()
+  metric = results_metric(results).upper()
   lower = ', lower is better' if metric == 'PPL' else ''
   title = (f'Paired bootstrap of a − b, 95% interval ({metric} is the main metric on '
            f'`{results["dataset"]}`{lower}):')
@@ -440,13 +457,14 @@ def filco_measure_table(runs: Sequence[dict], sources: Sequence[str]) -> str:
 
 
 SYSTEM_NAMES = {'extractive': 'RECOMP extractive', 'abstractive': 'RECOMP abstractive', 'filco': 'FILCO',
-                'truncation': 'truncation', 'lm': 'LM task', 'kcomp': 'K-COMP'}
+                'truncation': 'truncation', 'lm': 'LM task', 'kcomp': 'K-COMP', 'color': 'CoLoR'}
 # The row a system is judged by: 'trained', except for the systems named here.
-SYSTEM_MAIN_ROWS = {'truncation': 'truncated', 'kcomp': 'kcomp'}
+SYSTEM_MAIN_ROWS = {'truncation': 'truncated', 'kcomp': 'kcomp', 'color': 'color'}
 # Rows that are no baseline besides the main row: the system's own variants (FILCO's 'ranked' and
 # 'filtered_reader' read its filter model's output), rows that see the gold answer ('oracle...',
 # 'gold', 'silver') and the teacher.
-SUMMARY_NOT_BASELINES = ('trained', 'ranked', 'filtered_reader', 'gold', 'silver', 'teacher', 'kcomp_no_prior')
+SUMMARY_NOT_BASELINES = ('trained', 'ranked', 'filtered_reader', 'gold', 'silver', 'teacher', 'kcomp_no_prior',
+                         'sft', 'orpo')
 SUMMARY_HEADER = ('system', 'dataset', 'metric', 'n', 'seeds', 'score', 'tokens', 'strongest baseline',
                   'its score', 'its tokens', 'score − baseline [95% CI]', 'results')
 

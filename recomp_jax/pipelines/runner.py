@@ -41,7 +41,8 @@ SYSTEMS = {
 }
 # config.system -> 'module:function' of a task that is not short-answer question answering (no System, no
 # shared head): language modelling, and K-COMP's long-form medical QA.
-TASKS = {'lm': 'recomp_jax.pipelines.lm:run', 'kcomp': 'recomp_jax.pipelines.kcomp:run'}
+TASKS = {'lm': 'recomp_jax.pipelines.lm:run', 'kcomp': 'recomp_jax.pipelines.kcomp:run',
+         'color': 'recomp_jax.pipelines.color:run'}
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.retrieval', 'recomp_jax.data')
 
 

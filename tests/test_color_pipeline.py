@@ -1,0 +1,143 @@
+"""CoLoR end to end on NQ (``configs/nq_color.py:ci``): corpora built within their budget with the
+gold passages spread out, candidates from our own server and lead sentences, labels by the real
+Gemma 3 270M reader ranking the corpus in its context (the substitution path equal to a full
+re-encoding), SFT / ORPO / CoLoR fine-tuned (a tiny random Gemma with the real tokenizer, also the
+teacher here), every
+row evaluated, the export, and a resumed run that recomputes nothing."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from recomp_jax import load_compressor
+from recomp_jax.compressors import color
+from recomp_jax.evaluation import report
+from recomp_jax.pipelines import color as pipeline
+from recomp_jax.pipelines import runner
+from recomp_jax.reader import lclm
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NQ = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'nq')
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch):
+  monkeypatch.syspath_prepend(REPO)
+  monkeypatch.chdir(REPO)  # the presets name ../shared/data
+
+
+@pytest.mark.end_to_end
+def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir):
+  if not os.path.isdir(NQ):
+    pytest.skip(f'{NQ} is absent (the shared data folder)')
+  from configs.nq_color import get_config
+  config = get_config('ci')
+  config.workdir = str(tmp_path / 'run')
+  config.compressor.model = tiny_gemma_dir
+  config.teacher.model = tiny_gemma_dir
+  results = runner.run(config, config.workdir)
+  report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
+  rows = {r['key']: r for r in results['rows']}
+  assert list(rows) == list(pipeline.ROW_KEYS)
+  assert all(r['n'] == 4 for r in rows.values()) and results['main_metric'] == 'r1'
+  assert rows['raw']['compression'] == pytest.approx(1.0)
+  assert rows['titles']['compression'] > 2.0 and rows['titles']['prompt_tokens'] < rows['raw']['prompt_tokens']
+  runs = pipeline.StageRunner(config.workdir)
+
+  # Corpora: within budget, distinct, each query's gold passage where the group says, spread out.
+  retriever = pipeline.retriever(config, pipeline.shared.Resources(config, config.workdir))
+  queries = pipeline.load_queries(runs)
+  for split, budget in (('test', config.color.budget_tokens), ('train', config.color.label_budget_tokens)):
+    groups = pipeline.load_groups(runs, split)
+    assert groups and sum(len(g.queries) for g in groups) == {'test': 4, 'train': 6}[split]
+    for g in groups:
+      entries = [retriever.piece(lclm.format_entry(0, p.title, p.text) + '\n') for p in g.corpus]
+      assert sum(map(len, entries)) <= budget and len({p.id for p in g.corpus}) == len(g.corpus)
+      positions = sorted(pos for gold in g.gold for pos in gold)
+      expected = sorted(int((j + 0.5) * len(g.corpus) / len(positions)) for j in range(len(positions)))
+      assert positions == expected  # evenly spaced (Fig. 4's buckets all get gold passages at scale)
+      assert all(len(s) == 1 for s in g.shot_gold)
+
+  # Labels: the raw passage's rank by substitution equals ranking the whole raw corpus.
+  labels = [json.loads(line) for line in open(os.path.join(config.workdir, 'stages', 'labels', 'train.jsonl'))]
+  group = pipeline.load_groups(runs, 'train')[0]
+  scores = retriever.rank([p.title for p in group.corpus], [p.text for p in group.corpus],
+                          pipeline.shots_of(group, queries), [queries[q] for q in group.queries])
+  by_id = {r['id']: r for r in labels}
+  for qid, row, gold in zip(group.queries, scores, group.gold):
+    assert by_id[qid]['raw_gold_rank'] == int((row > row[gold[0]]).sum())
+  assert np.ptp(scores) > 1.0  # the reader prefers some IDs
+
+  # Pairs (Table 9): every query accounted for; chosen = the shortest success; rejected longer.
+  from recomp_jax.pretrained import load_pretrained
+  tokenizer = load_pretrained(tiny_gemma_dir).tokenizer()
+  counts = color.PairCounts()
+  with_pairs = 0
+  for _, cands in pipeline.labelled_candidates(runs, 'train', tokenizer):
+    pairs = color.preference_pairs(cands, counts)
+    with_pairs += bool(pairs)
+    for chosen, rejected in pairs:
+      assert chosen.success and rejected.tokens > chosen.tokens
+      assert chosen.tokens == min(c.tokens for c in cands if c.success)
+  assert counts.queries == 6 == counts.no_success + counts.no_rejected + with_pairs
+  assert results['stages']['train_color_seed0']['pairs']['train']['pairs'] == counts.pairs
+
+  # Per-query records: R@1 is the gold ranked first; the bootstrap delta is the paired mean.
+  predictions = [json.loads(line) for line in open(os.path.join(config.workdir, 'predictions.jsonl'))]
+  by_row = {}
+  for p in predictions:
+    by_row.setdefault(p['row'], []).append(p)
+  assert all(p['r1'] == float(p['gold_rank'] == 0) for p in predictions)
+  assert rows['raw']['r1'] == pytest.approx(100 * np.mean([p['r1'] for p in by_row['raw']]))
+  entries = {e['b']: e for e in results['bootstrap']}
+  assert set(entries) == set(pipeline.ROW_KEYS) - {'color'}
+  raw = {p['id']: p['r1'] for p in by_row['raw']}
+  assert entries['raw']['delta'] == pytest.approx(100 * np.mean([p['r1'] - raw[p['id']] for p in by_row['color@0']]))
+
+  # The export compresses as the CoLoR row did.
+  exported = load_compressor(os.path.join(config.workdir, 'compressor'))
+  compressed = pipeline.read_records(os.path.join(config.workdir, 'stages', 'compress', 'color_seed0.jsonl'))
+  passage = pipeline.test_passages(runs)[0]
+  assert exported.compress(['q'], [[passage]]) == [f'{passage.title}: {compressed[passage.id]["text"]}']
+
+  # A second run reuses every stage and writes the same rows.
+  again = runner.run(config, config.workdir)
+  assert [(r['key'], r['r1']) for r in again['rows']] == [(r['key'], r['r1']) for r in results['rows']]
+  assert all(seconds == 0.0 for seconds in again['stage_seconds'].values())
+
+
+def test_config_sections_and_rows():
+  from configs.nq_color import get_config
+  for preset in ('paper', 'shared', 'ci'):
+    runner.config_fields.check(get_config(preset), runner.system_fields('color'), 'color')
+  config = get_config('ci')
+  assert pipeline.requested_rows(config) == list(pipeline.ROW_KEYS)
+  config.train.num_steps = 0
+  assert pipeline.requested_rows(config) == ['raw', 'titles', 'teacher', 'bm25', 'dense']
+  config = get_config('ci')
+  config.color.rows = ('raw', 'truncation')
+  assert pipeline.requested_rows(config) == ['raw']  # truncation matches CoLoR's tokens
+
+
+def test_preference_pairs_paper_and_released():
+  cands = [color.Candidate('a b c d e f', 'teacher@0.7', 6, True), color.Candidate('a b', 'lead1', 2, False),
+           color.Candidate('a b c', 'teacher@0.0', 3, True), color.Candidate('a b c d e f g h', 'lead2', 8, False)]
+  counts = color.PairCounts()
+  pairs = color.preference_pairs(cands, counts)
+  assert [(w.source, r.source) for w, r in pairs] == [('teacher@0.0', 'teacher@0.7'), ('teacher@0.0', 'lead2')]
+  assert counts.rejected_not_longer == 1 and counts.pairs == 2  # the short failed lead1 would flip the sign
+  released = color.preference_pairs(cands, color.PairCounts(), variant='released')
+  assert [(w.source, r.source) for w, r in released] == [('teacher@0.0', 'lead2')]
+  none = color.PairCounts()
+  assert color.preference_pairs([color.Candidate('x', 'lead1', 1, False)], none) == [] and none.no_success == 1
+
+
+def test_corpus_prompt_and_parsing():
+  titles = ['A', 'B', 'C']
+  text = lclm.prefix_text(titles, ['one', None, 'three'], [('q1', (2,))])
+  assert 'ID: 0 | TITLE: A | CONTENT: one | END ID: 0\nID: 1 | TITLE: B | END ID: 1\n' in text
+  assert 'query: q1\nThe following documents can help answer the query:\nID: 2 | TITLE: C\n' in text
+  assert lclm.parse_ids('ID: 2 | TITLE: C\nID: 7 | TITLE: ?\nID: 2 | x', 3) == ([2], 1)
+  assert lclm.f1_at_k([1, 4], [1, 2], 2) == pytest.approx(0.5) and lclm.recall_at_1([], [0]) == 0.0
