@@ -7,6 +7,14 @@ Presets (``--config=configs/wikitext_lm.py:PRESET``; details in
   shared: ``../shared/data``'s WikiText-2 test (400 windows), BM25 over the ovos Wikipedia
           summaries and the NQ passage corpus.
   ci:     6 windows (tests).
+
+What a window is: ``lm.stride`` (32) scored tokens; its retrieval query is the ``lm.query_tokens``
+(32) tokens *before* it, so the first 32 tokens of every article are never scored. The window's
+own article is left out of retrieval by title (passages titled as the article are removed), where
+the paper removes the articles that contain the input. The trained extractive compressor learns
+from windows of the ovos Wikipedia summaries (test articles' titles removed), never from WikiText.
+
+  python -m recomp_jax.main --config=configs/wikitext_lm.py:shared
 """
 
 from recomp_jax.pipelines.lm import experiment

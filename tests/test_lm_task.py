@@ -196,7 +196,7 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   results = runner.run(config, workdir)
   assert report.load_results(os.path.join(workdir, 'results.json'))['system'] == 'lm'
   rows = {r['key']: r for r in results['rows']}
-  assert list(rows) == ['none', 'top1', 'top5', 'bm25_sentence', 'offtheshelf_sentence', 'oracle_ll']
+  assert list(rows) == ['none', 'top1', 'top5', 'bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll']
   assert all(r['n'] == 6 and r['scored_tokens'] == 6 * 32 for r in rows.values())
   assert rows['none']['tokens'] == 0
   assert rows['top5']['tokens'] > rows['top1']['tokens'] > rows['bm25_sentence']['tokens'] > 0
@@ -207,16 +207,40 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
       p = json.loads(line)
       records.setdefault(p['row'], {})[p['id']] = p
   for window_id, oracle in records['oracle_ll'].items():  # every candidate competes in the oracle
-    for key in ('bm25_sentence', 'offtheshelf_sentence'):
-      assert oracle['loglik'] >= records[key][window_id]['loglik'] - 1e-3
-  assert rows['oracle_ll']['ppl'] <= min(rows['bm25_sentence']['ppl'], rows['offtheshelf_sentence']['ppl']) + 1e-6
+    for key in ('bm25_sentence', 'offtheshelf_sentence', 'trained'):
+      assert oracle['loglik'] >= records[key][window_id]['loglik']
+  assert rows['oracle_ll']['ppl'] <= min(rows[k]['ppl'] for k in ('bm25_sentence', 'offtheshelf_sentence', 'trained'))
+  # a sentence row's score read from the candidate table is the score of its evidence scored alone
+  from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
+  reader = shared.Resources(config).reader
+  windows_by_id = {w.id: w for w in read_windows(os.path.join(workdir, 'stages', 'windows', 'windows.jsonl'))}
+  trained = records['trained']
+  alone = lm_metrics.score_windows(reader, [windows_by_id[i] for i in trained], [p['evidence'] for p in trained.values()],
+                                   max_context_tokens=config.lm.max_context_tokens)
+  np.testing.assert_allclose(alone.loglik, [p['loglik'] for p in trained.values()], rtol=1e-4, atol=1e-3)
+  # the trained row's training: ovos windows only, split by article, labels over the capped candidates
+  stages = os.path.join(workdir, 'stages')
+  train_titles = {json.loads(line)['window']['title'] for line in open(os.path.join(stages, 'train_data', 'train.jsonl'))}
+  dev_titles = {json.loads(line)['window']['title'] for line in open(os.path.join(stages, 'train_data', 'dev.jsonl'))}
+  test_titles = {title_key(w.title) for w in windows_by_id.values()}
+  assert train_titles and dev_titles and not train_titles & dev_titles
+  assert not {title_key(t) for t in train_titles | dev_titles} & test_titles
+  labels = [json.loads(line) for line in open(os.path.join(stages, 'label', 'train.jsonl'))]
+  assert len(labels) == 24 and all(0 < len(r['candidates']) == len(r['loglik']) <= 8 for r in labels)
+  pairs = [json.loads(line) for line in open(os.path.join(stages, 'pairs', 'train.jsonl'))]
+  by_id = {r['id']: r for r in labels}
+  for p in pairs:  # the positive is the reader's best candidate; every negative scores below it
+    ll = dict(zip(by_id[p['id']]['candidates'], by_id[p['id']]['loglik']))
+    assert ll[p['positive']] == max(ll.values()) and all(ll[n] < ll[p['positive']] for n in p['negatives'])
+  assert results['train_questions'] == len(pairs) > 0 and results['seeds'] == [0]
   windows = read_windows(os.path.join(workdir, 'stages', 'windows', 'windows.jsonl'))
   retrieved = [json.loads(line) for line in open(os.path.join(workdir, 'stages', 'retrieve', 'retrieved.jsonl'))]
   for w, r in zip(windows, retrieved):
     assert len(r['ctxs']) == 5 and all(title_key(p['title']) != title_key(w.title) for p in r['ctxs'])
   compared = {(b['a'], b['b']) for b in results['bootstrap']}
   assert ('oracle_ll', 'none') in compared and ('top1', 'none') in compared and ('oracle_ll', 'top1') in compared
-  assert ('none', 'top1') not in compared and len(compared) == len(results['bootstrap']) == 5 + 4
+  assert ('trained', 'offtheshelf_sentence') in compared and ('trained', 'bm25_sentence') in compared
+  assert ('none', 'top1') not in compared and len(compared) == len(results['bootstrap']) == 6 + 5 + 2
   text = report.render_markdown(results)
   assert '| evidence | windows | perplexity |' in text and 'evaluated on 6 windows' in text
   again = runner.run(config, workdir)

@@ -91,6 +91,35 @@ def score_windows(reader, windows: Sequence[LMWindow], evidence: Sequence[str], 
                       np.asarray(lengths, np.int64))
 
 
+def score_candidates(reader, windows: Sequence[LMWindow], candidates: Sequence[Sequence[str]], *,
+                     max_context_tokens: int) -> list[WindowScores]:
+  """Every candidate evidence of every window, scored in one batched call (RECOMP §3.1's LM
+  labels and the sentence rows' choices read the same numbers).
+
+  Args:
+    candidates: per window its candidate evidence strings; a window without any is scored
+      once with no evidence (``''``), so its choice is "nothing".
+
+  Returns:
+    One :class:`WindowScores` per window holding ``[C_w]`` arrays, ``C_w = max(1, len(candidates[w]))``.
+  """
+  if len(windows) != len(candidates):
+    raise ValueError(f'{len(windows)} windows for {len(candidates)} candidate lists')
+  flat_windows, flat_evidence, sizes = [], [], []
+  for w, cands in zip(windows, candidates):
+    cands = list(cands) or ['']
+    flat_windows += [w] * len(cands)
+    flat_evidence += cands
+    sizes.append(len(cands))
+  flat = score_windows(reader, flat_windows, flat_evidence, max_context_tokens=max_context_tokens)
+  out, start = [], 0
+  for n in sizes:
+    part = slice(start, start + n)
+    out.append(WindowScores(flat.loglik[part], flat.num_tokens[part], flat.evidence_tokens[part]))
+    start += n
+  return out
+
+
 def perplexity(loglik: Sequence[float] | np.ndarray, num_tokens: Sequence[int] | np.ndarray) -> float:
   """Pooled perplexity ``exp(-sum(loglik) / sum(num_tokens))``."""
   total = float(np.sum(num_tokens))

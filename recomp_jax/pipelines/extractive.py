@@ -307,11 +307,6 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   ``'contrastive'``: the paper's pairs (positive + hard negatives, in-batch negatives);
   ``'listwise'``: KL to the reader's softmax over each question's candidates.
   """
-  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
-  from recomp_jax.models import bert  # pylint: disable=import-outside-toplevel
-  from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
-
   t = config.train
   base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
   base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
@@ -339,30 +334,57 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
                                           similarity=t.similarity)
   else:
     raise shared.PipelineError(f"train.objective must be 'contrastive' or 'listwise', got {objective!r}")
-  batch_size = min(t.batch_size, len(pairs))
-  steps_per_epoch = max(len(pairs) // batch_size, 1)
-  num_steps = t.num_steps or int(round(t.epochs * steps_per_epoch))
-  iterator = train_lib.ArrayIterator(arrays, batch_size, seed=seed)
-
   dev = shared.read_examples(os.path.join(retrieve_dir, 'dev.jsonl'))
   dev_candidates = shared.load_candidates(cand_dir, 'dev')
   dev_labels = shared.load_labels(label_dir, 'dev')
-  dev_questions = [e.question for e in dev]
   dev_cands = [dev_candidates[e.id] for e in dev]
-  dev_ll = [dev_labels[e.id]['loglik'] for e in dev]
+  probe = QaProbe(lambda: models.reader, probe_examples(dev, t.eval_qa_examples))
+
+  def monitor(scores):
+    if not len(probe):
+      return {}
+    return probe(extractive.evidence_per_question(dev_cands[:len(probe)], scores[:len(probe)],
+                                                  config.eval.top_k_sentences))
+
+  summary = train_encoder(config, seed, base, arrays, loss_fn, len(pairs), [e.question for e in dev], dev_cands,
+                          [dev_labels[e.id]['loglik'] for e in dev], directory, monitor=monitor)
+  return {'objective': objective, 'train_passage_length': train_length, **summary}
+
+
+def train_encoder(config, seed: int, base, arrays: dict, loss_fn, n_examples: int, dev_queries: Sequence[str],
+                  dev_cands: Sequence[Sequence[str]], dev_loglik: Sequence[Sequence[float]], directory: str, *,
+                  monitor: Callable | None = None) -> dict:
+  """Fine-tunes ``base`` (a fresh :class:`~recomp_jax.models.dual_encoder.Encoder`) on ``arrays``
+  with ``loss_fn``; every ``train.eval_every`` steps the encoder reranks the dev candidates and the
+  best by ``train.select_metric`` (:func:`~recomp_jax.compressors.extractive.reranked_accuracy`
+  against the reader's dev labels) is exported to ``{directory}/encoder_best``. Shared by the QA
+  and the language-modelling extractive compressors.
+
+  Args:
+    n_examples: training examples in ``arrays`` (epochs are counted in them).
+    monitor: ``dev scores -> extra metrics`` logged at each evaluation (never selects).
+  """
+  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
+  from recomp_jax.models import bert  # pylint: disable=import-outside-toplevel
+  from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
+
+  t = config.train
+  batch_size = min(t.batch_size, n_examples)
+  steps_per_epoch = max(n_examples // batch_size, 1)
+  num_steps = t.num_steps or int(round(t.epochs * steps_per_epoch))
+  iterator = train_lib.ArrayIterator(arrays, batch_size, seed=seed)
   best_dir = os.path.join(directory, 'encoder_best')
   best_file = os.path.join(directory, 'best.json')
   best = formats.read_json(best_file) if os.path.exists(best_file) else None
-  base_metrics = extractive.reranked_accuracy(
-      extractive.rank_candidates(base, dev_questions, dev_cands), dev_ll)
-  probe = QaProbe(lambda: models.reader, probe_examples(dev, t.eval_qa_examples))
+  base_metrics = extractive.reranked_accuracy(extractive.rank_candidates(base, dev_queries, dev_cands), dev_loglik)
 
   def eval_fn(model, step):
     nonlocal best
     encoder = Encoder(model, base.tokenizer, max_length=base.max_length)
-    scores = extractive.rank_candidates(encoder, dev_questions, dev_cands)
-    metrics = extractive.reranked_accuracy(scores, dev_ll)
-    key = config.train.select_metric
+    scores = extractive.rank_candidates(encoder, dev_queries, dev_cands)
+    metrics = extractive.reranked_accuracy(scores, dev_loglik)
+    key = t.select_metric
     # process 0's best.json decides, so every process joins the same collective export
     if sharding.broadcast_from_main(best is None or metrics[key] > best['metrics'][key]):
       best = {'step': step, 'metrics': metrics}
@@ -372,9 +394,8 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
                         tokenizer_dir=source)
       with sharding.open_on_main(best_file) as f:
         json.dump(best, f)
-    if len(probe):
-      metrics.update(probe(extractive.evidence_per_question(dev_cands[:len(probe)], scores[:len(probe)],
-                                                            config.eval.top_k_sentences)))
+    if monitor is not None:
+      metrics.update(monitor(scores))
     return metrics
 
   train_config = {
@@ -389,9 +410,8 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   result = train_lib.train(train_config, base.model, loss_fn, iterator, eval_fn, workdir=directory)
   if result.preempted:
     raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  return {'objective': objective, 'pairs': len(pairs), 'steps': num_steps, 'batch_size': batch_size, 'seed': seed,
-          'train_passage_length': train_length, 'off_the_shelf_dev': base_metrics, 'best': best,
-          'final_metrics': result.metrics}
+  return {'pairs': n_examples, 'steps': num_steps, 'batch_size': batch_size, 'seed': seed,
+          'off_the_shelf_dev': base_metrics, 'best': best, 'final_metrics': result.metrics}
 
 
 def oracle_em_choices(models: Resources, examples: Sequence[Example], candidates: dict[str, list[str]],

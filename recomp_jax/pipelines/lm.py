@@ -4,24 +4,34 @@
 resumable stages (:mod:`recomp_jax.stages`):
 
 1. ``windows``: WikiText articles cut into windows of ``lm.stride`` scored tokens under the
-   reader's tokenizer (:func:`recomp_jax.data.wikitext.make_windows`);
-2. ``retrieve``: BM25 over the corpus with each window's query (its last ``lm.query_tokens``
-   tokens). Passages of the window's own article are removed first, as the paper removes the
-   articles that contain the input (they would hand the model its own continuation); how many
-   were removed is counted;
-3. ``evaluate``: the pooled perplexity of every row (:mod:`recomp_jax.evaluation.lm_metrics`),
-   row by row, each row's per-window scores kept so a killed run resumes at its next row;
-4. ``results.json`` (``system: lm``, rows with ``ppl`` instead of EM / F1) and ``results.md``.
+   reader's tokenizer (:func:`recomp_jax.data.wikitext.make_windows`). The retrieval query of a
+   window is the ``lm.query_tokens`` tokens right *before* it (the end of what the model has
+   read, as In-Context RALM retrieves), never the window itself; so the first
+   ``lm.query_tokens`` tokens of each article are context only and never scored;
+2. ``retrieve``: BM25 over the corpus with each window's query. Passages of the window's own
+   article are removed first (they would hand the model its own continuation): the paper removes
+   the articles that contain the input, here the passages whose title equals the window's
+   article title (:func:`recomp_jax.data.wikitext.title_key`), counted;
+3. with the ``trained`` row: ``train_data``, ``label``, ``pairs``, ``train_seed<s>``, the
+   extractive compressor's training on windows of a disjoint text
+   (:mod:`recomp_jax.pipelines.lm_extractive`);
+4. ``evaluate``: the pooled perplexity of every row (:mod:`recomp_jax.evaluation.lm_metrics`),
+   row by row, each row's per-window scores kept so a killed run resumes at its next row. Every
+   candidate sentence of every window is scored once (``candidate_scores.jsonl``) and the
+   sentence rows read their choice's score from it;
+5. ``results.json`` (``system: lm``, rows with ``ppl`` instead of EM / F1) and ``results.md``.
 
-The rows are Table 1's baselines (the trained extractive and abstractive compressors of this
-task are not built yet):
+The rows are Table 1's (the abstractive compressor of this task is not built yet):
 
 * ``none``: no retrieval; ``top1`` / ``top5``: the retrieved passages (In-Context RALM);
-* ``bm25_sentence``: the candidate sentence of the top-5 passages that BM25 ranks first for
-  the query; ``offtheshelf_sentence``: the one the encoder ranks first (Contriever in the
-  paper, MiniLM offline);
-* ``oracle_ll``: the candidate under which the window's own continuation is most likely
-  (among the first ``lm.oracle_candidates``): it reads the gold continuation, an upper bound.
+* ``bm25_sentence``: the candidate sentence that BM25 ranks first for the query;
+  ``offtheshelf_sentence``: the one the encoder ranks first (Contriever in the paper, MiniLM
+  offline); ``trained``: the one RECOMP's trained encoder ranks first;
+* ``oracle_ll``: the candidate under which the window's own continuation is most likely: it
+  reads the gold continuation, an upper bound.
+
+The candidates of every sentence row are the first ``lm.max_candidates`` sentences of the top
+``candidates.top_docs`` passages, title-prefixed (A.1: 20 of the top 5).
 
 This task is not question answering, so it has its own stages rather than the shared head of
 :mod:`recomp_jax.pipelines.runner`; it reuses that module's reader, BM25 index, candidate
@@ -42,12 +52,13 @@ from recomp_jax import provenance, sharding
 from recomp_jax.config_fields import Field
 from recomp_jax.data import formats, wikitext
 from recomp_jax.data.schema import FilterReport, Passage
-from recomp_jax.data.sentences import build_candidates, build_corpus
+from recomp_jax.data.sentences import build_corpus
 from recomp_jax.evaluation import lm_metrics
 from recomp_jax.retrieval import sentence_ranking
 from recomp_jax.retrieval.exclusion import search_excluding
-from recomp_jax.pipelines import defaults, shared
-from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, read_records
+from recomp_jax.pipelines import defaults, lm_extractive, shared
+from recomp_jax.pipelines import extractive as extractive_system
+from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, map_resumable, read_records
 from recomp_jax.reader import prompts
 
 ROW_NAMES = {
@@ -56,29 +67,44 @@ ROW_NAMES = {
     'top5': 'top-5 passages',
     'bm25_sentence': 'BM25 top sentence of the top-5 passages',
     'offtheshelf_sentence': 'off-the-shelf encoder top sentence of the top-5 passages',
+    'trained': "RECOMP extractive: the trained encoder's top sentence of the top-5 passages",
     'oracle_ll': 'oracle sentence: the continuation most likely (reads the gold continuation)',
 }
 ROW_KEYS = tuple(ROW_NAMES)
 COMPARED_WITH = ('none', 'top1')  # the bootstrap compares every row with these
+# and the trained compressor with the sentence selectors it must beat
+PAIRS = (('trained', 'offtheshelf_sentence'), ('trained', 'bm25_sentence'))
+SENTENCE_ROWS = ('bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll')
 LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
+LABEL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.pipelines.lm_extractive')
+TRAIN_CODE = ('recomp_jax.compressors.extractive', 'recomp_jax.training', 'recomp_jax.models',
+              'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.pipelines.lm_extractive')
+_EXTRACTIVE_FIELDS = ('label.epsilon', 'label.num_negatives', 'train.temperature', 'train.similarity',
+                      'train.select_metric')
 
-# The task's config: the shared fields it reads (it loads no QA data and trains nothing) and ``lm.*``.
-FIELDS = defaults.shared_fields(without=('data', 'train', 'eval')) + (
+# The task's config: the shared fields it reads (it loads no QA data), the extractive system's
+# contrastive-training fields, and ``lm.*``.
+FIELDS = tuple(f for f in defaults.shared_fields(without=('data', 'eval'))
+               if f.name != 'train.eval_qa_examples') + tuple(
+    f for f in extractive_system.FIELDS if f.name in _EXTRACTIVE_FIELDS) + (
     Field('lm.wikitext_path', '', "a raw WikiText file; '' = the hub (lm.hf_name / hf_config / hf_split)"),
     Field('lm.hf_name', 'wikitext', 'hub dataset name'),
     Field('lm.hf_config', '', 'hub dataset config (wikitext-103-raw-v1 in the paper)'),
     Field('lm.hf_split', 'test', 'hub split'),
     Field('lm.stride', 32, 'scored tokens per window = retrieval stride (Ram et al., 2023)', minimum=1),
-    Field('lm.query_tokens', 32, 'the retrieval query: the last query_tokens prefix tokens', minimum=1),
+    Field('lm.query_tokens', 32, 'the retrieval query: the query_tokens tokens before the window (the end of its prefix)', minimum=1),
     Field('lm.max_prefix_tokens', 256, 'article text before a window that the reader sees', minimum=0),
     Field('lm.max_context_tokens', 1024, "evidence + prefix (GPT-2's window in the paper)", minimum=2),
     Field('lm.max_windows', 0, '0 = every window of every article; else a seeded uniform sample', minimum=0),
     Field('lm.max_articles', 0, '0 = all', minimum=0),
     Field('lm.corpus', 'file', "'ovos' (ovos summaries in 100-word passages), 'file' (retrieval.corpus_path) "
           "or 'ovos+file'", choices=('ovos', 'file', 'ovos+file')),
-    Field('lm.oracle_candidates', 20, "the oracle tries the first candidate sentences (A.1's training cap; 0 = all)",
-          minimum=0),
+    Field('lm.max_candidates', 20, 'candidate sentences of every sentence row, the oracle and the labels: the '
+          "first of the top passages (A.1's cap; 0 = all)", minimum=0),
+    Field('lm.train_windows', 2000, 'trained row: training windows cut from the ovos summaries (test titles '
+          'removed)', minimum=1),
+    Field('lm.dev_windows', 200, "trained row: dev windows (other articles) that pick the checkpoint", minimum=1),
     Field('lm.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
           choices=('all',) + ROW_KEYS),
 )
@@ -106,6 +132,8 @@ def validate(config) -> None:
       raise shared.PipelineError(f'{path}: no such file ({field})')
   if not lm.wikitext_path and not lm.hf_config:
     raise shared.PipelineError('set lm.wikitext_path (a raw WikiText file) or lm.hf_config (the hub)')
+  if 'trained' in requested_rows(config) and not config.train.seeds:
+    raise shared.PipelineError('the trained row needs at least one seed in train.seeds')
   if lm.max_prefix_tokens + 1 > lm.max_context_tokens:
     raise shared.PipelineError(f'lm.max_prefix_tokens ({lm.max_prefix_tokens}) + BOS must fit in '
                                f'lm.max_context_tokens ({lm.max_context_tokens})')
@@ -209,73 +237,107 @@ def read_retrieved(path: str) -> dict[str, list[Passage]]:
   return out
 
 
-def row_evidence(key: str, windows: Sequence[wikitext.LMWindow], ctxs: dict[str, list[Passage]],
-                 config, resources) -> list[str]:
-  """Evidence text per window for one row other than the oracle."""
-  top_docs = config.candidates.top_docs
+def row_evidence(key: str, windows: Sequence[wikitext.LMWindow], ctxs: dict[str, list[Passage]]) -> list[str]:
+  """Evidence text per window for a row that prepends whole passages (or nothing)."""
   if key == 'none':
     return [''] * len(windows)
   if key in ('top1', 'top5'):
     n = 1 if key == 'top1' else 5
     return [prompts.format_documents(ctxs[w.id][:n]) for w in windows]
-  candidates = [[c.text for c in build_candidates(ctxs[w.id], top_docs=top_docs, max_candidates=None)]
-                for w in windows]
-  if key == 'bm25_sentence':
-    from recomp_jax.retrieval.bm25 import top_sentences  # pylint: disable=import-outside-toplevel
-    return [top_sentences(w.query, c, 1)[0] if c else '' for w, c in zip(windows, candidates)]
-  if key == 'offtheshelf_sentence':
-    scores = sentence_ranking.rank_candidates(resources.encoder(), [w.query for w in windows], candidates)
-    return [c[int(np.argmax(s))] if c else '' for c, s in zip(candidates, scores)]
   raise ValueError(f'no evidence builder for row {key!r}')
 
 
-def oracle_scores(reader, windows: Sequence[wikitext.LMWindow], ctxs: dict[str, list[Passage]], config
-                  ) -> tuple[list[str], lm_metrics.WindowScores]:
-  """Per window, the candidate sentence under which its continuation is most likely (the paper's
-  extractive oracle: every sentence competes, nothing does not; a window without candidates
-  gets nothing)."""
-  lm = config.lm
-  pairs_window, pairs_evidence, owners = [], [], []
-  for i, w in enumerate(windows):
-    cands = [c.text for c in build_candidates(ctxs[w.id], top_docs=config.candidates.top_docs,
-                                              max_candidates=lm.oracle_candidates or None)]
-    for e in cands or ['']:
-      pairs_window.append(w)
-      pairs_evidence.append(e)
-      owners.append(i)
-  scores = lm_metrics.score_windows(reader, pairs_window, pairs_evidence, max_context_tokens=lm.max_context_tokens)
-  owners = np.asarray(owners)
-  best = np.empty(len(windows), np.int64)
-  for i in range(len(windows)):
-    where = np.flatnonzero(owners == i)
-    best[i] = where[int(np.argmax(scores.loglik[where]))]  # ties: the earlier candidate
-  chosen = lm_metrics.WindowScores(scores.loglik[best], scores.num_tokens[best], scores.evidence_tokens[best])
-  return [pairs_evidence[j] for j in best], chosen
+def sentence_choices(key: str, windows: Sequence[wikitext.LMWindow], candidates: Sequence[Sequence[str]],
+                     table: Sequence[dict], resources, encoder_dirs: Sequence[str] = ()) -> list[list[int]]:
+  """Per way of choosing (one, or one per trained seed) the chosen candidate of every window.
+
+  ``bm25_sentence``: BM25's top candidate for the window's query; ``offtheshelf_sentence`` /
+  ``trained``: the off-the-shelf / each trained encoder's; ``oracle_ll``: the candidate under
+  which the window's own continuation is most likely (it reads the gold continuation; ties go
+  to the earlier candidate). A window without candidates chooses its only entry, nothing.
+  """
+  queries = [w.query for w in windows]
+  if key == 'oracle_ll':
+    return [[int(np.argmax(r['loglik'])) for r in table]]
+  if key == 'bm25_sentence':
+    from recomp_jax.retrieval.bm25 import rank_sentences  # pylint: disable=import-outside-toplevel
+    return [[rank_sentences(q, c)[0] if c else 0 for q, c in zip(queries, candidates)]]
+  if key == 'offtheshelf_sentence':
+    encoders = [resources.encoder()]
+  elif key == 'trained':
+    encoders = [resources.encoder(os.path.join(d, 'encoder_best')) for d in encoder_dirs]
+  else:
+    raise ValueError(f'{key!r} is not a sentence row')
+  return [[int(np.argmax(s)) if c else 0 for c, s in zip(candidates, sentence_ranking.rank_candidates(e, queries, candidates))]
+          for e in encoders]
 
 
-def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, directory: str) -> dict:
-  """Every requested row's per-window log-likelihoods -> ``rows.jsonl`` (one record per row)."""
+def candidate_table(reader, windows: Sequence[wikitext.LMWindow], candidates: Sequence[Sequence[str]], config,
+                    path: str) -> list[dict]:
+  """Every test window's candidates scored once (``{'loglik': [C], 'evidence_tokens': [C],
+  'num_tokens': n}``; one '' entry for a window without candidates): the sentence rows and the
+  oracle read their choices' scores from it instead of scoring again. Resumable in ``path``."""
+  by_id = {w.id: c for w, c in zip(windows, candidates)}
+
+  def score(chunk):
+    scores = lm_metrics.score_candidates(reader, chunk, [by_id[w.id] for w in chunk],
+                                         max_context_tokens=config.lm.max_context_tokens)
+    return [{'loglik': s.loglik.tolist(), 'evidence_tokens': s.evidence_tokens.tolist(),
+             'num_tokens': int(s.num_tokens[0])} for s in scores]
+
+  records = map_resumable(path, windows, score, chunk=config.reader.questions_per_call, desc='score candidates')
+  return [records[w.id] for w in windows]
+
+
+def _row_record(key: str, windows, evidence: Sequence[str], scores: lm_metrics.WindowScores, reader,
+                seconds: float, **extra) -> dict:
+  tokens = scores.evidence_tokens.tolist()
+  cut = int(sum(reader.count_tokens(e) > t for e, t in zip(evidence, tokens)))
+  return {'row': key, 'ids': [w.id for w in windows], 'loglik': scores.loglik.tolist(),
+          'num_tokens': scores.num_tokens.tolist(), 'evidence_tokens': tokens, 'evidence': list(evidence),
+          'evidence_cut': cut, 'ppl': scores.perplexity, 'seconds': seconds, **extra}
+
+
+def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, directory: str,
+                   train_dirs: Sequence[str] = ()) -> dict:
+  """Every requested row's per-window log-likelihoods -> ``rows.jsonl`` (one record per row).
+
+  The ``trained`` row with several seeds holds each window's log-likelihood averaged over the
+  seeds' choices (its perplexity is that of the seed-averaged log-likelihoods; ``seed_ppl``
+  lists each seed's own).
+  """
   windows = wikitext.read_windows(os.path.join(windows_dir, 'windows.jsonl'))
   ctxs = read_retrieved(os.path.join(retrieve_dir, 'retrieved.jsonl'))
   reader = resources.reader
   out = ResumableJsonl(os.path.join(directory, 'rows.jsonl'), key='row')
-  for key in requested_rows(config):
+  keys = requested_rows(config)
+  candidates = table = None
+  if any(k in SENTENCE_ROWS and k not in out for k in keys):
+    candidates = [lm_extractive.window_candidates(ctxs[w.id], config) for w in windows]
+    table = candidate_table(reader, windows, candidates, config, os.path.join(directory, 'candidate_scores.jsonl'))
+  for key in keys:
     if key in out:
       continue
     start = time.time()
-    if key == 'oracle_ll':
-      evidence, scores = oracle_scores(reader, windows, ctxs, config)
+    extra = {}
+    if key in SENTENCE_ROWS:
+      choices = sentence_choices(key, windows, candidates, table, resources, train_dirs)
+      per_choice = [lm_metrics.WindowScores(np.asarray([r['loglik'][j] for r, j in zip(table, ch)], np.float64),
+                                            np.asarray([r['num_tokens'] for r in table], np.int64),
+                                            np.asarray([r['evidence_tokens'][j] for r, j in zip(table, ch)], np.int64))
+                    for ch in choices]
+      scores = lm_metrics.WindowScores(np.mean([c.loglik for c in per_choice], axis=0), per_choice[0].num_tokens,
+                                       np.rint(np.mean([c.evidence_tokens for c in per_choice], axis=0)).astype(np.int64))
+      evidence = [c[j] if c else '' for c, j in zip(candidates, choices[0])]
+      if key == 'trained':
+        extra = {'seed_ppl': [c.perplexity for c in per_choice], 'seeds': len(per_choice)}
     else:
-      evidence = row_evidence(key, windows, ctxs, config, resources)
+      evidence = row_evidence(key, windows, ctxs)
       scores = lm_metrics.score_windows(reader, windows, evidence, max_context_tokens=config.lm.max_context_tokens)
-    tokens = scores.evidence_tokens.tolist()
-    cut = int(sum(reader.count_tokens(e) > t for e, t in zip(evidence, tokens)))
-    record = {'row': key, 'ids': [w.id for w in windows], 'loglik': scores.loglik.tolist(),
-              'num_tokens': scores.num_tokens.tolist(), 'evidence_tokens': tokens, 'evidence': evidence,
-              'evidence_cut': cut, 'ppl': scores.perplexity, 'seconds': time.time() - start}
+    record = _row_record(key, windows, evidence, scores, reader, time.time() - start, **extra)
     out.append(record)
     logging.info('lm row %s: perplexity %.2f, %.1f evidence tokens, %.0f s', key, record['ppl'],
-                 float(np.mean(tokens)), record['seconds'])
+                 float(np.mean(record['evidence_tokens'])), record['seconds'])
   return {'rows': {k: {'ppl': r['ppl'], 'tokens': float(np.mean(r['evidence_tokens'])),
                        'seconds': r['seconds']} for k, r in out.records.items()},
           'windows': len(windows)}
@@ -304,6 +366,62 @@ def corpus_inputs(config, cfg: dict) -> dict:
   return inputs
 
 
+_TRAINING_ONLY = ('train_windows', 'dev_windows')  # reach the evaluation through the trained stages only
+
+
+def train_stages_if_needed(config, runner: StageRunner, resources, dirs: dict, summaries: dict,
+                           reader_fp: dict) -> tuple[list[str], tuple[str, ...]]:
+  """The ``trained`` row's stages (:mod:`recomp_jax.pipelines.lm_extractive`) when it is requested.
+
+  Returns:
+    ``(train stage directories, one per seed; their stage names)``.
+  """
+  if 'trained' not in requested_rows(config):
+    return [], ()
+  cfg = config.to_dict()
+  lm = cfg['lm']
+  for name in ('data', 'label', 'pairs'):
+    dirs[name] = runner.stage_dir(f'train_{name}' if name == 'data' else name)
+  test_titles = {wikitext.title_key(a.title) for a in load_articles(config)}
+  window_fields = {k: lm[k] for k in ('stride', 'query_tokens', 'max_prefix_tokens', 'train_windows', 'dev_windows')}
+
+  def data(d):
+    from recomp_jax.retrieval.bm25 import BM25Config, BM25Index  # pylint: disable=import-outside-toplevel
+    index = BM25Index.build_or_load(load_corpus(config, FilterReport('corpus')), os.path.join(dirs['retrieve'], 'index'),
+                                    BM25Config(k1=config.retrieval.bm25_k1, b=config.retrieval.bm25_b))
+    return lm_extractive.stage_train_data(
+        config, resources.reader.tokenizer, test_titles,
+        lambda windows, report: retrieve_excluding_own_article(index.search, windows, config.retrieval.top_k, report), d)
+
+  summaries['train_data'] = runner.run(
+      'train_data', {'lm': window_fields, 'seed': config.seed, 'tokenizer': reader_fp,
+                     'test_titles': sorted(test_titles)},
+      data, deps=('retrieve',), code=LM_CODE + ('recomp_jax.pipelines.lm_extractive',), collective=False)
+  summaries['label'] = runner.run(
+      'label', {'reader': reader_fp, 'lm': {k: lm[k] for k in ('max_candidates', 'max_context_tokens')},
+                'candidates': cfg['candidates']},
+      lambda d: lm_extractive.stage_label(config, resources.reader, dirs['data'], d),
+      deps=('train_data',), code=LABEL_CODE, resumable=True)
+  encoder_inputs = {'encoder': cfg['encoder']}
+  summaries['pairs'] = runner.run(
+      'pairs', {'label': cfg['label'], **encoder_inputs},
+      lambda d: lm_extractive.stage_pairs(config, resources.encoder(), dirs['data'], dirs['label'], d),
+      deps=('label',), code=TRAIN_CODE)
+  train_fields = {k: v for k, v in cfg['train'].items() if k != 'seeds'}
+  names, train_dirs = [], []
+  for seed in config.train.seeds:
+    name = f'train_seed{seed}'
+    train_dirs.append(runner.stage_dir(name))
+    summaries[name] = runner.run(
+        name, {'train': train_fields, **encoder_inputs, 'mesh': cfg['mesh'], 'seed': seed,
+               'layer_execution': {'remat': config.encoder.remat, 'scan_layers': config.encoder.scan_layers}},
+        lambda d, seed=seed: lm_extractive.stage_train(config, seed, resources, dirs['data'], dirs['label'],
+                                                       dirs['pairs'], d),
+        deps=('pairs', 'label'), code=TRAIN_CODE, resumable=True)
+    names.append(name)
+  return train_dirs, tuple(names)
+
+
 def run(config, workdir: str) -> dict | None:
   """Runs (or resumes) the language-modelling pipeline into ``workdir``; returns the results."""
   validate(config)
@@ -326,11 +444,12 @@ def run(config, workdir: str) -> dict | None:
   summaries['retrieve'] = runner.run(
       'retrieve', corpus_inputs(config, cfg),
       lambda d: stage_retrieve(config, dirs['windows'], d), deps=('windows',), code=LM_CODE, collective=False)
+  train_dirs, train_stages = train_stages_if_needed(config, runner, resources, dirs, summaries, reader_fp)
   summaries['evaluate'] = runner.run(
-      'evaluate', {'reader': reader_fp, 'lm': cfg['lm'], 'candidates': cfg['candidates'],
-                   'encoder': cfg['encoder']},
-      lambda d: stage_evaluate(config, resources, dirs['windows'], dirs['retrieve'], d),
-      deps=('windows', 'retrieve'), code=EVAL_CODE + ('recomp_jax.pipelines.lm',), resumable=True)
+      'evaluate', {'reader': reader_fp, 'lm': {k: v for k, v in cfg['lm'].items() if k not in _TRAINING_ONLY},
+                   'candidates': cfg['candidates'], 'encoder': cfg['encoder']},
+      lambda d: stage_evaluate(config, resources, dirs['windows'], dirs['retrieve'], d, train_dirs),
+      deps=('windows', 'retrieve') + train_stages, code=EVAL_CODE + ('recomp_jax.pipelines.lm',), resumable=True)
   return write_results(config, runner, workdir, summaries, files)
 
 
@@ -343,10 +462,33 @@ def bootstrap(records: dict[str, dict], seed: int) -> list[dict]:
     for a, rec in records.items():
       if a == b or (a in COMPARED_WITH and COMPARED_WITH.index(a) < COMPARED_WITH.index(b)):
         continue  # each pair once
-      r = lm_metrics.paired_bootstrap_perplexity(rec['loglik'], records[b]['loglik'], rec['num_tokens'], seed=seed)
-      out.append({'a': a, 'b': b, 'metric': 'ppl', 'delta': r.delta, 'lo': r.lo, 'hi': r.hi,
-                  'p_value': r.p_value, 'n': r.n})
+      out.append(_compare(records, a, b, seed))
+  for a, b in PAIRS:
+    if a in records and b in records:
+      out.append(_compare(records, a, b, seed))
   return out
+
+
+def _compare(records: dict[str, dict], a: str, b: str, seed: int) -> dict:
+  r = lm_metrics.paired_bootstrap_perplexity(records[a]['loglik'], records[b]['loglik'], records[a]['num_tokens'],
+                                             seed=seed)
+  return {'a': a, 'b': b, 'metric': 'ppl', 'delta': r.delta, 'lo': r.lo, 'hi': r.hi, 'p_value': r.p_value, 'n': r.n}
+
+
+def training_notes(config, summaries: dict) -> list[str]:
+  """What the trained row was trained on (empty without it)."""
+  if 'pairs' not in summaries:
+    return []
+  data, pairs = summaries['train_data'], summaries['pairs']
+  seeds = [summaries[f'train_seed{s}'] for s in config.train.seeds if f'train_seed{s}' in summaries]
+  steps = ', '.join(f"seed {t['seed']}: step {t['best']['step']} of {t['steps']}" for t in seeds if t.get('best'))
+  return [f"Trained extractive compressor: {data['train']['windows']} training windows of "
+          f"{data['train']['articles_with_windows']} ovos Wikipedia summaries and {data['dev']['windows']} dev "
+          f"windows of other summaries ({data['articles_filtered']['dropped'].get('test_article', 0)} summaries "
+          f"of test articles removed), retrieved and cut as the test windows; {pairs['train']['kept']} training "
+          f"pairs ({pairs['train']['filtered_percent']:.0f}% of windows dropped: no negative), "
+          f"{pairs['train']['mean_negatives']:.2f} negatives each; the checkpoint of best dev reranked "
+          f"log-likelihood kept ({steps})."]
 
 
 def _cut_counts(rows: Sequence[dict]) -> str:
@@ -370,7 +512,9 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
   results = {
       'system': 'lm', 'dataset': config.dataset, 'preset': config.preset, **provenance.git_state(),
       'source_hash': provenance.source_hash(), 'data_hashes': provenance.data_hashes(files),
-      'versions': provenance.versions(), 'config': config.to_dict(), 'train_questions': 0, 'seeds': [],
+      'versions': provenance.versions(), 'config': config.to_dict(),
+      'train_questions': int(summaries.get('pairs', {}).get('train', {}).get('kept', 0)),
+      'seeds': list(config.train.seeds) if 'pairs' in summaries else [],
       'n': int(summaries['evaluate']['windows']), 'rows': rows, 'bootstrap': bootstrap(records, config.seed),
       'main_metric': 'ppl', 'stage_seconds': dict(runner.timings), 'stage_costs': costs, 'stages': summaries,
       'notes': [f"{summaries['windows']['windows']} windows of {config.lm.stride} scored tokens from "
@@ -380,7 +524,10 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
                 f"beginning (windows cut per row: {_cut_counts(rows)}).",
                 f"Retrieval: BM25 over {retrieved['corpus_passages']} passages ({config.lm.corpus}); "
                 f"{retrieved['filtered']['dropped'].get('own_article_passage', 0)} passage(s) of a window's own "
-                'article were removed before taking the top passages.'],
+                'article were removed before taking the top passages.',
+                f'Sentence rows and the oracle choose among the first {config.lm.max_candidates or "all"} '
+                f'candidate sentences of the top {config.candidates.top_docs} passages (title-prefixed).']
+      + training_notes(config, summaries),
       'extra_tables': [costs_table(costs)],
   }
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
@@ -416,8 +563,13 @@ def experiment(preset: str):
     readers are GPT-2 / GPT-J, which the model zoo does not hold: the reader is ``reader.model``
     (Gemma 3 270M by default).
   shared: ``../shared/data``'s WikiText-2 test (the same articles as WikiText-103 test), 400
-    windows drawn from it, BM25 over the ovos Wikipedia summaries and the NQ passage corpus.
-  ci: 6 windows of 3 articles (tests).
+    windows drawn from it with 128-token prefixes, BM25 over the ovos Wikipedia summaries and the
+    NQ passage corpus, 12 candidate sentences per window; the trained row from 300 training and 60
+    dev windows, two seeds (top-5 is left out for time: its evidence is ~5x top-1's).
+  ci: 6 windows of 3 articles, the trained row from 24 training windows (tests).
+
+  Every preset trains the extractive compressor on windows of the ovos Wikipedia summaries
+  (:mod:`recomp_jax.pipelines.lm_extractive`), never on WikiText.
   """
   c = default_config()
   c.preset = preset
@@ -425,21 +577,39 @@ def experiment(preset: str):
   if preset == 'paper':
     c.lm.hf_config = 'wikitext-103-raw-v1'
     c.lm.max_prefix_tokens = 1024 - 32
+    c.train.batch_size = 64  # A.2: batch 64, learning rate 2e-5, 1000 warm-up steps, 3 epochs
   elif preset in ('shared', 'ci'):
     c.lm.wikitext_path = '../shared/data/wikitext/wikitext2_test.raw'
     defaults.use_minilm(c)
     if preset == 'shared':
+      # Sized for training and evaluation within two hours on a 2-core CPU: scoring the sentence
+      # candidates (windows x candidates reader calls) is most of the work.
       c.lm.corpus = 'ovos+file'
       c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
       c.lm.max_windows = 400
+      c.lm.max_prefix_tokens = 128
+      c.lm.max_candidates = 12
+      c.lm.train_windows, c.lm.dev_windows = 300, 60
+      c.lm.rows = ('none', 'top1', 'bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll')
+      c.train.seeds = (0, 1)
+      c.train.batch_size = 32
+      c.train.epochs = 10.0
+      c.train.warmup_steps = 10
+      c.train.eval_every = c.train.checkpoint_every = 10
     else:
       c.lm.corpus = 'ovos'
       c.lm.max_articles = 3
       c.lm.max_windows = 6
       c.lm.max_prefix_tokens = 64
       c.lm.max_context_tokens = 512
-      c.lm.oracle_candidates = 0
+      c.lm.max_candidates = 8
+      c.lm.train_windows, c.lm.dev_windows = 24, 8
       c.reader.score_batch_size = 8
+      c.train.batch_size = 8
+      c.train.epochs = 2.0
+      c.train.warmup_steps = 2
+      c.train.eval_every = c.train.checkpoint_every = 3
+      c.train.log_every = 3
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, ci')
   return c
