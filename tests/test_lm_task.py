@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
@@ -233,6 +234,29 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
     ll = dict(zip(by_id[p['id']]['candidates'], by_id[p['id']]['loglik']))
     assert ll[p['positive']] == max(ll.values()) and all(ll[n] < ll[p['positive']] for n in p['negatives'])
   assert results['train_questions'] == len(pairs) > 0 and results['seeds'] == [0]
+  # the reader scores, exported without text, are read back instead of scored (no reader at all)
+  from recomp_jax.pipelines import lm_extractive  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.lm import read_retrieved  # pylint: disable=import-outside-toplevel
+  artifact = str(tmp_path / 'artifact')
+  assert lm_extractive.export_artifact(workdir, artifact) == {'train': 24, 'dev': 8, 'test': 6}
+  assert 'candidates' not in json.loads(gzip.open(os.path.join(artifact, 'train.jsonl.gz'), 'rt').readline())
+  config.lm.label_artifact = artifact
+  settings = json.load(open(os.path.join(stages, 'label', 'settings.json')))
+  for name in ('relabel', 'rescore', 'other'):
+    os.makedirs(tmp_path / name)
+  summary = lm_extractive.stage_label(config, None, os.path.join(stages, 'train_data'), str(tmp_path / 'relabel'),
+                                      settings)
+  assert summary['train'] == {'windows': 24, 'from_artifact': 24, 'candidates': sum(len(r['loglik']) for r in labels)}
+  again_labels = [json.loads(line) for line in open(tmp_path / 'relabel' / 'train.jsonl')]
+  assert again_labels == labels
+  retrieved_by_id = read_retrieved(os.path.join(stages, 'retrieve', 'retrieved.jsonl'))
+  summary = lm_extractive.stage_candidate_scores(config, None, list(windows_by_id.values()), retrieved_by_id,
+                                                 str(tmp_path / 'rescore'), settings)
+  assert summary['from_artifact'] == 6
+  with pytest.raises(Exception, match='computed under other settings'):
+    lm_extractive.stage_label(config, None, os.path.join(stages, 'train_data'), str(tmp_path / 'other'),
+                              {**settings, 'reader': 'another'})
+  config.lm.label_artifact = ''
   windows = read_windows(os.path.join(workdir, 'stages', 'windows', 'windows.jsonl'))
   retrieved = [json.loads(line) for line in open(os.path.join(workdir, 'stages', 'retrieve', 'retrieved.jsonl'))]
   for w, r in zip(windows, retrieved):

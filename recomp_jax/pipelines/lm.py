@@ -15,11 +15,14 @@ resumable stages (:mod:`recomp_jax.stages`):
 3. with the ``trained`` row: ``train_data``, ``label``, ``pairs``, ``train_seed<s>``, the
    extractive compressor's training on windows of a disjoint text
    (:mod:`recomp_jax.pipelines.lm_extractive`);
-4. ``evaluate``: the pooled perplexity of every row (:mod:`recomp_jax.evaluation.lm_metrics`),
-   row by row, each row's per-window scores kept so a killed run resumes at its next row. Every
-   candidate sentence of every window is scored once (``candidate_scores.jsonl``) and the
-   sentence rows read their choice's score from it;
-5. ``results.json`` (``system: lm``, rows with ``ppl`` instead of EM / F1) and ``results.md``.
+4. ``candidate_scores``: every candidate sentence of every test window scored once; the sentence
+   rows and the oracle read their choice's score from it (a new trained compressor costs no
+   reader call). The reader scores of this stage and of ``label`` can be exported as a small
+   artefact and read back by a later run (``lm.label_artifact``,
+   :func:`recomp_jax.pipelines.lm_extractive.export_artifact`);
+5. ``evaluate``: the pooled perplexity of every row (:mod:`recomp_jax.evaluation.lm_metrics`),
+   row by row, each row's per-window scores kept so a killed run resumes at its next row;
+6. ``results.json`` (``system: lm``, rows with ``ppl`` instead of EM / F1) and ``results.md``.
 
 The rows are Table 1's (the abstractive compressor of this task is not built yet):
 
@@ -81,7 +84,8 @@ LABEL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', '
 TRAIN_CODE = ('recomp_jax.compressors.extractive', 'recomp_jax.training', 'recomp_jax.models',
               'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.pipelines.lm_extractive')
 _EXTRACTIVE_FIELDS = ('label.epsilon', 'label.num_negatives', 'train.temperature', 'train.similarity',
-                      'train.select_metric')
+                      'train.select_metric', 'train.objective', 'train.listwise_candidates',
+                      'train.teacher_temperature')
 
 # The task's config: the shared fields it reads (it loads no QA data), the extractive system's
 # contrastive-training fields, and ``lm.*``.
@@ -105,6 +109,8 @@ FIELDS = tuple(f for f in defaults.shared_fields(without=('data', 'eval'))
     Field('lm.train_windows', 2000, 'trained row: training windows cut from the ovos summaries (test titles '
           'removed)', minimum=1),
     Field('lm.dev_windows', 200, "trained row: dev windows (other articles) that pick the checkpoint", minimum=1),
+    Field('lm.label_artifact', '', 'a directory of reader scores exported by an earlier run with the same settings '
+          "(python -m recomp_jax.pipelines.lm_extractive WORKDIR DIR): its windows are read, not scored; '' = none"),
     Field('lm.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
           choices=('all',) + ROW_KEYS),
 )
@@ -132,6 +138,8 @@ def validate(config) -> None:
       raise shared.PipelineError(f'{path}: no such file ({field})')
   if not lm.wikitext_path and not lm.hf_config:
     raise shared.PipelineError('set lm.wikitext_path (a raw WikiText file) or lm.hf_config (the hub)')
+  if lm.label_artifact and not os.path.isdir(lm.label_artifact):
+    raise shared.PipelineError(f'{lm.label_artifact}: no such directory (lm.label_artifact)')
   if 'trained' in requested_rows(config) and not config.train.seeds:
     raise shared.PipelineError('the trained row needs at least one seed in train.seeds')
   if lm.max_prefix_tokens + 1 > lm.max_context_tokens:
@@ -272,21 +280,16 @@ def sentence_choices(key: str, windows: Sequence[wikitext.LMWindow], candidates:
           for e in encoders]
 
 
-def candidate_table(reader, windows: Sequence[wikitext.LMWindow], candidates: Sequence[Sequence[str]], config,
-                    path: str) -> list[dict]:
-  """Every test window's candidates scored once (``{'loglik': [C], 'evidence_tokens': [C],
-  'num_tokens': n}``; one '' entry for a window without candidates): the sentence rows and the
-  oracle read their choices' scores from it instead of scoring again. Resumable in ``path``."""
-  by_id = {w.id: c for w, c in zip(windows, candidates)}
-
-  def score(chunk):
-    scores = lm_metrics.score_candidates(reader, chunk, [by_id[w.id] for w in chunk],
-                                         max_context_tokens=config.lm.max_context_tokens)
-    return [{'loglik': s.loglik.tolist(), 'evidence_tokens': s.evidence_tokens.tolist(),
-             'num_tokens': int(s.num_tokens[0])} for s in scores]
-
-  records = map_resumable(path, windows, score, chunk=config.reader.questions_per_call, desc='score candidates')
-  return [records[w.id] for w in windows]
+def score_settings(config, reader_fp: dict) -> dict:
+  """What a candidate score depends on besides its window and candidate (both named in its record):
+  the reader, the context layout and the candidate set (a score artefact must match it)."""
+  cfg = config.to_dict()
+  return json.loads(json.dumps({
+      'reader': reader_fp, 'candidates': {'top_docs': config.candidates.top_docs},
+      'lm': {k: cfg['lm'][k] for k in ('stride', 'query_tokens', 'max_prefix_tokens', 'max_context_tokens',
+                                       'max_candidates', 'corpus')},
+      'retrieval': {k: cfg['retrieval'][k] for k in ('top_k', 'bm25_k1', 'bm25_b')},
+      'corpus': corpus_inputs(config, cfg)}, default=str))
 
 
 def _row_record(key: str, windows, evidence: Sequence[str], scores: lm_metrics.WindowScores, reader,
@@ -299,7 +302,7 @@ def _row_record(key: str, windows, evidence: Sequence[str], scores: lm_metrics.W
 
 
 def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, directory: str,
-                   train_dirs: Sequence[str] = ()) -> dict:
+                   train_dirs: Sequence[str] = (), scores_dir: str = '') -> dict:
   """Every requested row's per-window log-likelihoods -> ``rows.jsonl`` (one record per row).
 
   The ``trained`` row with several seeds holds each window's log-likelihood averaged over the
@@ -314,7 +317,8 @@ def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, direc
   candidates = table = None
   if any(k in SENTENCE_ROWS and k not in out for k in keys):
     candidates = [lm_extractive.window_candidates(ctxs[w.id], config) for w in windows]
-    table = candidate_table(reader, windows, candidates, config, os.path.join(directory, 'candidate_scores.jsonl'))
+    records = read_records(os.path.join(scores_dir, 'scores.jsonl'))
+    table = [records[w.id] for w in windows]
   for key in keys:
     if key in out:
       continue
@@ -366,7 +370,16 @@ def corpus_inputs(config, cfg: dict) -> dict:
   return inputs
 
 
-_TRAINING_ONLY = ('train_windows', 'dev_windows')  # reach the evaluation through the trained stages only
+# reach the evaluation through the stages that read them only
+_TRAINING_ONLY = ('train_windows', 'dev_windows', 'label_artifact')
+
+
+def artifact_inputs(directory: str, splits: Sequence[str]) -> dict:
+  """The content hashes of a score artefact's files of ``splits`` (a stage reading it depends on them)."""
+  if not directory:
+    return {}
+  files = [os.path.join(directory, f'{s}.jsonl.gz') for s in splits]
+  return provenance.data_hashes([f for f in files if os.path.exists(f)])
 
 
 def train_stages_if_needed(config, runner: StageRunner, resources, dirs: dict, summaries: dict,
@@ -397,10 +410,10 @@ def train_stages_if_needed(config, runner: StageRunner, resources, dirs: dict, s
       'train_data', {'lm': window_fields, 'seed': config.seed, 'tokenizer': reader_fp,
                      'test_titles': sorted(test_titles)},
       data, deps=('retrieve',), code=LM_CODE + ('recomp_jax.pipelines.lm_extractive',), collective=False)
+  settings = score_settings(config, reader_fp)
   summaries['label'] = runner.run(
-      'label', {'reader': reader_fp, 'lm': {k: lm[k] for k in ('max_candidates', 'max_context_tokens')},
-                'candidates': cfg['candidates']},
-      lambda d: lm_extractive.stage_label(config, resources.reader, dirs['data'], d),
+      'label', {'scores': settings, 'artifact': artifact_inputs(config.lm.label_artifact, ('train', 'dev'))},
+      lambda d: lm_extractive.stage_label(config, resources.reader, dirs['data'], d, settings),
       deps=('train_data',), code=LABEL_CODE, resumable=True)
   encoder_inputs = {'encoder': cfg['encoder']}
   summaries['pairs'] = runner.run(
@@ -445,11 +458,24 @@ def run(config, workdir: str) -> dict | None:
       'retrieve', corpus_inputs(config, cfg),
       lambda d: stage_retrieve(config, dirs['windows'], d), deps=('windows',), code=LM_CODE, collective=False)
   train_dirs, train_stages = train_stages_if_needed(config, runner, resources, dirs, summaries, reader_fp)
+  score_stage = ()
+  if any(k in SENTENCE_ROWS for k in requested_rows(config)):
+    settings = score_settings(config, reader_fp)
+    dirs['candidate_scores'] = runner.stage_dir('candidate_scores')
+    summaries['candidate_scores'] = runner.run(
+        'candidate_scores', {'scores': settings, 'artifact': artifact_inputs(config.lm.label_artifact, ('test',))},
+        lambda d: lm_extractive.stage_candidate_scores(
+            config, resources.reader, wikitext.read_windows(os.path.join(dirs['windows'], 'windows.jsonl')),
+            read_retrieved(os.path.join(dirs['retrieve'], 'retrieved.jsonl')), d, settings),
+        deps=('windows', 'retrieve'), code=LABEL_CODE, resumable=True)
+    score_stage = ('candidate_scores',)
   summaries['evaluate'] = runner.run(
       'evaluate', {'reader': reader_fp, 'lm': {k: v for k, v in cfg['lm'].items() if k not in _TRAINING_ONLY},
                    'candidates': cfg['candidates'], 'encoder': cfg['encoder']},
-      lambda d: stage_evaluate(config, resources, dirs['windows'], dirs['retrieve'], d, train_dirs),
-      deps=('windows', 'retrieve') + train_stages, code=EVAL_CODE + ('recomp_jax.pipelines.lm',), resumable=True)
+      lambda d: stage_evaluate(config, resources, dirs['windows'], dirs['retrieve'], d, train_dirs,
+                               dirs.get('candidate_scores', '')),
+      deps=('windows', 'retrieve') + score_stage + train_stages, code=EVAL_CODE + ('recomp_jax.pipelines.lm',),
+      resumable=True)
   return write_results(config, runner, workdir, summaries, files)
 
 
