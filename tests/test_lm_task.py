@@ -257,6 +257,15 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
     lm_extractive.stage_label(config, None, os.path.join(stages, 'train_data'), str(tmp_path / 'other'),
                               {**settings, 'reader': 'another'})
   config.lm.label_artifact = ''
+  # the listwise objective (beyond the paper) trains from the same labels
+  config.train.objective, config.train.num_steps = 'listwise', 2
+  os.makedirs(tmp_path / 'listwise')
+  summary = lm_extractive.stage_train(config, 0, shared.Resources(config), os.path.join(stages, 'train_data'),
+                                      os.path.join(stages, 'label'), os.path.join(stages, 'pairs'),
+                                      str(tmp_path / 'listwise'))
+  assert summary['objective'] == 'listwise' and summary['steps'] == 2 and summary['best']['step'] == 2
+  assert summary['pairs'] == sum(len(r['candidates']) > 1 for r in labels)
+  config.train.objective, config.train.num_steps = 'contrastive', 0
   windows = read_windows(os.path.join(workdir, 'stages', 'windows', 'windows.jsonl'))
   retrieved = [json.loads(line) for line in open(os.path.join(workdir, 'stages', 'retrieve', 'retrieved.jsonl'))]
   for w, r in zip(windows, retrieved):

