@@ -489,5 +489,5 @@ def test_readme_summary_links_exist():
   sources = blocks[0].path.split(' ')[1:]
   pages = {report.results_page(report.load_results(REPO / s), s) for s in sources}
   assert pages == {'docs/results/extractive.md', 'docs/results/abstractive.md', 'docs/results/filco.md',
-                   'docs/results/truncation.md', 'docs/results/kcomp.md'}
+                   'docs/results/truncation.md', 'docs/results/kcomp.md', 'docs/results/lm.md'}
   assert all((REPO / p).is_file() for p in pages | set(sources))

@@ -390,7 +390,8 @@ def render_markdown(results: dict, *, source: str | None = None) -> str:
 # compressors.filco.MEASURES, spelt out so that this module stays light (a test keeps them equal)
 FILCO_MEASURE_ORDER = ('strinc', 'lexical', 'cxmi')
 FILCO_MEASURE_NAMES = {'strinc': 'STRINC', 'lexical': 'LEXICAL', 'cxmi': 'CXMI'}
-DATASET_NAMES = {'nq': 'NQ', 'tqa': 'TQA', 'hotpotqa': 'HotpotQA', 'fever': 'FEVER', 'wow': 'WoW', 'medquad': 'MedQuAD'}
+DATASET_NAMES = {'nq': 'NQ', 'tqa': 'TQA', 'hotpotqa': 'HotpotQA', 'fever': 'FEVER', 'wow': 'WoW', 'medquad': 'MedQuAD',
+                 'wikitext': 'WikiText-2'}
 
 
 def _row_value(results: dict, key: str, metric: str) -> str:

@@ -293,9 +293,12 @@ def score_settings(config, reader_fp: dict) -> dict:
 
 
 def _row_record(key: str, windows, evidence: Sequence[str], scores: lm_metrics.WindowScores, reader,
-                seconds: float, **extra) -> dict:
+                seconds: float, evidence_tokens: np.ndarray | None = None, **extra) -> dict:
+  """``evidence_tokens``: the tokens of ``evidence`` in the contexts when ``scores`` holds others
+  (the trained row's seed means)."""
   tokens = scores.evidence_tokens.tolist()
-  cut = int(sum(reader.count_tokens(e) > t for e, t in zip(evidence, tokens)))
+  kept = tokens if evidence_tokens is None else evidence_tokens.tolist()
+  cut = int(sum(reader.count_tokens(e) > t for e, t in zip(evidence, kept)))
   return {'row': key, 'ids': [w.id for w in windows], 'loglik': scores.loglik.tolist(),
           'num_tokens': scores.num_tokens.tolist(), 'evidence_tokens': tokens, 'evidence': list(evidence),
           'evidence_cut': cut, 'ppl': scores.perplexity, 'seconds': seconds, **extra}
@@ -333,8 +336,10 @@ def stage_evaluate(config, resources, windows_dir: str, retrieve_dir: str, direc
       scores = lm_metrics.WindowScores(np.mean([c.loglik for c in per_choice], axis=0), per_choice[0].num_tokens,
                                        np.rint(np.mean([c.evidence_tokens for c in per_choice], axis=0)).astype(np.int64))
       evidence = [c[j] if c else '' for c, j in zip(candidates, choices[0])]
+      extra = {'evidence_tokens': per_choice[0].evidence_tokens}  # evidence is the first choice's text
       if key == 'trained':
-        extra = {'seed_ppl': [c.perplexity for c in per_choice], 'seeds': len(per_choice)}
+        extra['seed_ppl'] = [c.perplexity for c in per_choice]
+        extra['seeds'] = len(per_choice)
     else:
       evidence = row_evidence(key, windows, ctxs)
       scores = lm_metrics.score_windows(reader, windows, evidence, max_context_tokens=config.lm.max_context_tokens)
