@@ -11,8 +11,9 @@ Presets (``--config=configs/wikitext_lm.py:PRESET``; details in
 What a window is: ``lm.stride`` (32) scored tokens; its retrieval query is the ``lm.query_tokens``
 (32) tokens *before* it, so the first 32 tokens of every article are never scored. The window's
 own article is left out of retrieval by title (passages titled as the article are removed), where
-the paper removes the articles that contain the input. The trained extractive compressor learns
-from windows of the ovos Wikipedia summaries (test articles' titles removed), never from WikiText.
+the paper removes the articles that contain the input. The trained compressors (extractive:
+``trained``; abstractive: ``abstractive``, not in ``:shared``'s rows yet) learn from windows of the
+ovos Wikipedia summaries (test articles' titles removed), never from WikiText.
 
   python -m recomp_jax.main --config=configs/wikitext_lm.py:shared
 """

@@ -179,9 +179,11 @@ def test_own_article_passages_are_removed_before_the_top_k():
 
 @pytest.mark.skipif(not os.path.exists(SHARED_WIKITEXT), reason='needs ../shared/data')
 @pytest.mark.end_to_end
-def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
+def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path, tiny_gemma_dir):
   """configs/wikitext_lm.py:ci: windows -> BM25 (own article removed) -> every row's perplexity
-  -> a results file in the schema; a second run reuses every stage and gives the same file."""
+  -> a results file in the schema; a second run reuses every stage and gives the same file. The
+  reader is the real Gemma 3 270M; the abstractive compressor (and the teacher of its paper path)
+  is a tiny random Gemma."""
   import importlib.util  # pylint: disable=import-outside-toplevel
   import json  # pylint: disable=import-outside-toplevel
   from recomp_jax.data.wikitext import read_windows, title_key  # pylint: disable=import-outside-toplevel
@@ -193,11 +195,13 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   spec.loader.exec_module(module)
   config = module.get_config('ci')
   config.lm.wikitext_path = os.path.abspath(SHARED_WIKITEXT)
+  config.compressor.model = tiny_gemma_dir
   workdir = str(tmp_path / 'run')
   results = runner.run(config, workdir)
   assert report.load_results(os.path.join(workdir, 'results.json'))['system'] == 'lm'
   rows = {r['key']: r for r in results['rows']}
-  assert list(rows) == ['none', 'top1', 'top5', 'bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll']
+  assert list(rows) == ['none', 'top1', 'top5', 'bm25_sentence', 'offtheshelf_sentence', 'trained', 'abstractive',
+                        'oracle_ll']
   assert all(r['n'] == 6 and r['scored_tokens'] == 6 * 32 for r in rows.values())
   assert rows['none']['tokens'] == 0
   assert rows['top5']['tokens'] > rows['top1']['tokens'] > rows['bm25_sentence']['tokens'] > 0
@@ -235,7 +239,7 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
     assert ll[p['positive']] == max(ll.values()) and all(ll[n] < ll[p['positive']] for n in p['negatives'])
   assert results['train_questions'] == len(pairs) > 0 and results['seeds'] == [0]
   # the reader scores, exported without text, are read back instead of scored (no reader at all)
-  from recomp_jax.pipelines import lm_extractive  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines import lm_abstractive, lm_extractive  # pylint: disable=import-outside-toplevel
   from recomp_jax.pipelines.lm import read_retrieved  # pylint: disable=import-outside-toplevel
   artifact = str(tmp_path / 'artifact')
   assert lm_extractive.export_artifact(workdir, artifact) == {'train': 24, 'dev': 8, 'test': 6}
@@ -270,10 +274,49 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path):
   retrieved = [json.loads(line) for line in open(os.path.join(workdir, 'stages', 'retrieve', 'retrieved.jsonl'))]
   for w, r in zip(windows, retrieved):
     assert len(r['ctxs']) == 5 and all(title_key(p['title']) != title_key(w.title) for p in r['ctxs'])
+  # the abstractive compressor: Fig. 3's critic over the reader's best sentences (the label stage's)
+  critic = [json.loads(line) for line in open(os.path.join(stages, 'abs_critic', 'train.jsonl'))]
+  assert [r['id'] for r in critic] == [r['id'] for r in labels]
+  for r in critic:
+    label = by_id[r['id']]
+    best = int(np.argmax(label['loglik']))
+    assert r['summary_loglik'] == pytest.approx(label['loglik'][best], rel=1e-4, abs=1e-3)  # scored as the labels
+    keep = r['summary_loglik'] >= r['none_loglik']
+    assert r['decision'] == ('summary' if keep else 'empty') and r['text'] == (label['candidates'][best] if keep else '')
+  abs_train = results['stages']['abs_train_seed0']
+  assert abs_train['examples'] == 24 and abs_train['empty_targets'] == sum(r['decision'] == 'empty' for r in critic)
+  assert abs_train['steps'] == 4 and abs_train['best']['step'] in (2, 4)
+  summaries = [json.loads(line)['summary'] for line in open(os.path.join(stages, 'evaluate', 'summaries_seed0.jsonl'))]
+  assert len(summaries) == 6 and [p['evidence'] for p in records['abstractive'].values()] == summaries
+  assert rows['abstractive']['empty_pct'] == pytest.approx(100.0 * sum(not t for t in summaries) / 6)
+  abstractive_alone = lm_metrics.score_windows(reader, list(windows_by_id.values()), summaries,
+                                               max_context_tokens=config.lm.max_context_tokens)
+  np.testing.assert_allclose(abstractive_alone.loglik, [p['loglik'] for p in records['abstractive'].values()],
+                             rtol=1e-4, atol=1e-3)
+  assert any('Trained abstractive compressor' in n for n in results['notes'])
+  # the paper's targets: Table 14's four LM prompts to a teacher (our server on the tiny model)
+  config.critic.targets, config.teacher.model, config.teacher.max_tokens = 'teacher', tiny_gemma_dir, 12
+  config.lm.train_windows, config.lm.dev_windows = 24, 8
+  for name in ('teacher_summaries', 'teacher_critic'):
+    os.makedirs(tmp_path / name)
+  summary = lm_abstractive.stage_summaries(config, os.path.join(stages, 'train_data'), '', str(tmp_path),
+                                           str(tmp_path / 'teacher_summaries'))
+  assert summary['local_server'] and summary['uncached_at_start'] == (24 + 8) * 4
+  assert summary['train']['requests'] == 24 * 4 and summary['dev']['requests'] == 8 * 4
+  samples = [json.loads(line) for line in open(tmp_path / 'teacher_summaries' / 'dev.jsonl')]
+  assert len(samples) == 8 and all(len(r['samples']) == 4 for r in samples)
+  lm_abstractive.stage_critic(config, reader, os.path.join(stages, 'train_data'), str(tmp_path / 'teacher_summaries'),
+                              str(tmp_path / 'teacher_critic'))
+  for r, s in zip((json.loads(line) for line in open(tmp_path / 'teacher_critic' / 'dev.jsonl')), samples):
+    texts = [t for t in s['samples'] if t]
+    assert r['decision'] == ('filtered' if not texts else 'summary' if r['summary_loglik'] >= r['none_loglik'] else 'empty')
+    assert r['decision'] != 'summary' or r['text'] == s['samples'][r['sample']]
+  config.critic.targets = 'reader_sentence'
   compared = {(b['a'], b['b']) for b in results['bootstrap']}
   assert ('oracle_ll', 'none') in compared and ('top1', 'none') in compared and ('oracle_ll', 'top1') in compared
   assert ('trained', 'offtheshelf_sentence') in compared and ('trained', 'bm25_sentence') in compared
-  assert ('none', 'top1') not in compared and len(compared) == len(results['bootstrap']) == 6 + 5 + 2
+  assert ('abstractive', 'trained') in compared
+  assert ('none', 'top1') not in compared and len(compared) == len(results['bootstrap']) == 7 + 6 + 3
   text = report.render_markdown(results)
   assert '| evidence | windows | perplexity |' in text and 'evaluated on 6 windows' in text
   again = runner.run(config, workdir)

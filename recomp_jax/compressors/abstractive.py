@@ -191,20 +191,30 @@ def critic_lm(reader, prefixes: Sequence[str], continuations: Sequence[str],
   targets_ = list(continuations) + [continuations[i] for i, _, _ in rows]
   scores = np.asarray(reader.loglik('', texts, targets_), np.float64)
   none, with_summary = scores[:len(prefixes)], scores[len(prefixes):]
-  best: dict[int, int] = {}
-  for k, (i, _, _) in enumerate(rows):
-    if i not in best or with_summary[k] > with_summary[best[i]]:
-      best[i] = k
-  out = []
-  for i in range(len(prefixes)):
-    if i not in best:
-      out.append(Target(FILTERED, '', -1, float('-inf'), float(none[i])))
-      continue
-    k = best[i]
-    decision = lm_decision(float(with_summary[k]), float(none[i]))
-    out.append(Target(decision, summaries[i][rows[k][1]] if decision == KEEP else '', rows[k][1],
-                      float(with_summary[k]), float(none[i])))
-  return out
+  per_example: list[list[float | None]] = [[None] * len(samples) for samples in summaries]
+  for k, (i, j, _) in enumerate(rows):
+    per_example[i][j] = float(with_summary[k])
+  return [critic_lm_scored(samples, sample_scores, float(n))
+          for samples, sample_scores, n in zip(summaries, per_example, none)]
+
+
+def critic_lm_scored(summaries: Sequence[str | None], scores: Sequence[float | None], none_score: float) -> Target:
+  """Fig. 3 for one example whose reader scores are known: the best summary (the first of equals)
+  by its score, or the empty summary when it scores below no retrieval; ``'filtered'`` when every
+  summary failed (None or '').
+
+  Args:
+    summaries: the candidate summaries (teacher prompts or samples); None = failed.
+    scores: the reader's log-likelihood of the gold continuation with each summary prepended
+      (None where the summary failed).
+    none_score: the same without retrieval.
+  """
+  ok = [j for j, text in enumerate(summaries) if text and scores[j] is not None]
+  if not ok:
+    return Target(FILTERED, '', -1, float('-inf'), float(none_score))
+  best = max(ok, key=lambda j: (scores[j], -j))
+  decision = lm_decision(float(scores[best]), float(none_score))
+  return Target(decision, summaries[best] if decision == KEEP else '', best, float(scores[best]), float(none_score))
 
 
 TARGET_SOURCES = ('teacher', 'reader_sentence')
@@ -351,6 +361,6 @@ def load(spec: dict) -> 'Compressor':
 
 
 __all__ = ['COMPRESSOR_PROMPT', 'EMPTY', 'FILTERED', 'KEEP', 'STOPWORDS', 'Target', 'compressor_prompt',
-           'BOTH_WRONG', 'content_words', 'critic_lm', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
+           'BOTH_WRONG', 'content_words', 'critic_lm', 'critic_lm_scored', 'critic_qa', 'documents_text', 'faithfulness_aid', 'lm_decision',
            'oracle_choice', 'qa_decision', 'reader_best_sentences', 'selective_augmentation_f1', 'TARGET_SOURCES',
            'table5', 'Compressor', 'export_spec', 'fit_documents', 'load']

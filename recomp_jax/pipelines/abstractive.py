@@ -46,7 +46,6 @@ from recomp_jax.evaluation.rows import Row
 from recomp_jax.pipelines import defaults, shared
 from recomp_jax.retrieval import sentence_ranking
 from recomp_jax.stages import map_resumable
-from recomp_jax.pretrained.demo import resolve_demo_model
 
 TEACHER_CODE = ('recomp_jax.teacher', 'recomp_jax.compressors.abstractive')
 CRITIC_CODE = shared.READER_CODE + ('recomp_jax.compressors.abstractive',)
@@ -178,20 +177,12 @@ def few_shot_block(template: str, train: Sequence[Example], k: int, *, seed: int
   return ''.join(parts), ids
 
 
-def _teacher_sampling(config):
-  from recomp_jax.teacher import Sampling  # pylint: disable=import-outside-toplevel
-  t = config.teacher
-  return Sampling(temperature=t.temperature, top_p=t.top_p, max_tokens=t.max_tokens,
-                  stop=tuple(t.stop), seed=t.seed)
-
-
 def stage_teacher(config, ctx: Context, directory: str) -> dict:
   """Teacher summaries (``teacher.samples`` per question) of every split -> ``{split}.jsonl``.
 
   Each record is ``{'id', 'samples': [text or null], 'errors': [kind or null]}``; a failed
   request (error, refusal, empty completion) is a null sample, counted in the summary.
   """
-  from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel
   from recomp_jax.teacher import ResponseCache, Teacher, render_prompt  # pylint: disable=import-outside-toplevel
   t = config.teacher
   template = teacher_template(config)
@@ -200,26 +191,20 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
   k = config.candidates.top_docs
   prompts_by_split = {s: [prefix + render_prompt(template, e.question, abstractive.documents_text(e.ctxs[:k]))
                           for e in examples] for s, examples in splits.items()}
-  local = not t.base_url
-  model_name = t.model if not local else _local_model_id(t.model)
-  sampling = _teacher_sampling(config)
+  sampling = shared.teacher_sampling(config)
   cache_path = os.path.join(ctx.runner.workdir, 'teacher_cache.sqlite')
   cache = ResponseCache(cache_path)
+  with shared.teacher_endpoint(config, directory, start=False) as named:  # the model name only
+    model_name = named.model
   missing = sum(cache.get(ResponseCache.key(model_name, template, p, sampling, s)) is None
                 for ps in prompts_by_split.values() for p in ps for s in range(t.samples))
-  server = None
-  if local and missing:
-    server = LocalServer(t.model, model_id=model_name,
-                         args=(f'--max-batch={t.server_max_batch}', f'--max-queue={max(64, 4 * t.concurrency)}',
-                               '--batch-window-ms=50'),
-                         log_path=os.path.join(directory, 'server.log')).start()
-  try:
-    base_url = server.base_url if server else (t.base_url or 'http://127.0.0.1:1/v1')
+  server_args = (f'--max-queue={max(64, 4 * t.concurrency)}', '--batch-window-ms=50')
+  with shared.teacher_endpoint(config, directory, start=bool(missing), server_args=server_args) as endpoint:
     prices = (t.price_input_per_million or None, t.price_output_per_million or None)
-    teacher = Teacher(model_name, base_url=base_url, api_key_env='' if local else t.api_key_env,
+    teacher = Teacher(endpoint.model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env,
                       cache_path=cache_path, api=t.api, sampling=sampling, concurrency=t.concurrency,
                       max_retries=t.max_retries, timeout_s=t.timeout_s, prices=prices)
-    summary = {'model': model_name, 'local_server': local, 'api': t.api, 'template': template,
+    summary = {'model': endpoint.model, 'local_server': endpoint.local, 'api': t.api, 'template': template,
                'few_shot_ids': demo_ids, 'uncached_at_start': int(missing), 'splits': {}}
     for split, examples in splits.items():
       completions = teacher.complete_all(template, prompts_by_split[split], samples=t.samples,
@@ -235,15 +220,7 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
       summary['splits'][split] = {'questions': len(examples), 'requests': len(examples) * t.samples,
                                   'failed': sum(failures.values()), 'failures': failures}
     summary['accounting'] = teacher.report()
-  finally:
-    if server is not None:
-      server.stop()
   return summary
-
-
-def _local_model_id(model: str) -> str:
-  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
-  return default_model_id(resolve_demo_model(model, 'reader'))
 
 
 def load_teacher(directory: str, split: str) -> dict[str, list[str | None]]:

@@ -232,25 +232,15 @@ def teacher_compressions(config, passages: Sequence[Passage], temperatures: Sequ
   """The teacher's compression of every passage at each temperature (one sample each), through
   any OpenAI-compatible endpoint (offline: our own server on the teacher checkpoint); cached in
   ``{directory}/teacher_cache.sqlite``. A failed request is an empty compression, counted."""
-  from recomp_jax.pretrained.demo import resolve_demo_model  # pylint: disable=import-outside-toplevel
-  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
-  from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel  (starts a server)
   from recomp_jax.teacher import Sampling, Teacher  # pylint: disable=import-outside-toplevel  (openai client)
   t = config.teacher
-  local = not t.base_url
-  model_name = default_model_id(resolve_demo_model(t.model, 'reader')) if local else t.model
   prompts = [color.compression_prompt(p) for p in passages]
   out, failures = {}, {}
   if not prompts:
     return {temp: [] for temp in temperatures}, failures
-  server = None
-  if local:
-    server = LocalServer(t.model, model_id=model_name, args=(f'--max-batch={t.server_max_batch}',),
-                         log_path=os.path.join(directory, 'server.log')).start()
-  try:
-    base_url = server.base_url if server else t.base_url
+  with shared.teacher_endpoint(config, directory) as endpoint:
     for temp in temperatures:
-      teacher = Teacher(model_name, base_url=base_url, api_key_env='' if local else t.api_key_env,
+      teacher = Teacher(endpoint.model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env,
                         cache_path=os.path.join(directory, 'teacher_cache.sqlite'), api=t.api,
                         sampling=Sampling(temperature=float(temp), max_tokens=t.max_tokens, stop=('\n\n',),
                                           seed=config.seed),
@@ -258,9 +248,6 @@ def teacher_compressions(config, passages: Sequence[Passage], temperatures: Sequ
       completions = teacher.complete_all(color.COMPRESS_INSTRUCTION, prompts, samples=1, desc=f'teacher@{temp}')
       out[temp] = [(c.text or '').strip() for (c,) in completions]
       failures[str(temp)] = sum(c.text is None for (c,) in completions)
-  finally:
-    if server is not None:
-      server.stop()
   return out, failures
 
 

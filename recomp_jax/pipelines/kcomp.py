@@ -269,28 +269,15 @@ def stage_targets(config, runner: StageRunner, resources, directory: str) -> dic
 def teacher_summaries(config, examples: Sequence[Example], knowledge: dict, path: str, directory: str) -> dict:
   """Table 6: the teacher extracts what the passages say of the entities (question left out);
   requests are cached in ``{directory}/teacher_cache.sqlite``, a failed one is an empty summary."""
-  from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel  (starts a server)
   from recomp_jax.teacher import Sampling, Teacher  # pylint: disable=import-outside-toplevel  (openai client)
-  from recomp_jax.pretrained.demo import resolve_demo_model  # pylint: disable=import-outside-toplevel
-  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
   t = config.teacher
-  local = not t.base_url
-  model_name = default_model_id(resolve_demo_model(t.model, 'reader')) if local else t.model
   prompts = [kcomp.teacher_prompt(e.ctxs, [s for s, _ in knowledge[e.id][1].pairs]) for e in examples]
-  server = None
-  if local and prompts:
-    server = LocalServer(t.model, model_id=model_name, args=(f'--max-batch={t.server_max_batch}',),
-                         log_path=os.path.join(directory, 'server.log')).start()
-  try:
-    base_url = server.base_url if server else (t.base_url or 'http://127.0.0.1:1/v1')
-    teacher = Teacher(model_name, base_url=base_url, api_key_env='' if local else t.api_key_env,
+  with shared.teacher_endpoint(config, directory, start=bool(prompts)) as endpoint:
+    teacher = Teacher(endpoint.model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env,
                       cache_path=os.path.join(directory, 'teacher_cache.sqlite'), api=t.api,
                       sampling=Sampling(temperature=t.temperature, max_tokens=t.max_tokens, stop=('\n\n',)),
                       concurrency=t.concurrency, max_retries=t.max_retries, timeout_s=t.timeout_s)
     completions = teacher.complete_all(kcomp.TEACHER_INSTRUCTION, prompts, samples=1, desc='teacher')
-  finally:
-    if server is not None:
-      server.stop()
   out = ResumableJsonl(path)
   for e, (c,) in zip(examples, completions):
     if e.id not in out:

@@ -16,6 +16,7 @@ Every compressor system starts from the same three cached stages (see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -344,6 +345,48 @@ def reader_inputs(config) -> dict:
   """What the reader's outputs depend on: its weights and generation limit."""
   return {'reader': model_fingerprint(config.reader.model, 'reader'),
           'max_new_tokens': config.reader.max_new_tokens}
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherEndpoint:
+  """Where the teacher LLM answers: ``base_url`` (.../v1), the ``model`` name to send, whether it
+  is our own local server, and the environment variable holding the API key ('' = none)."""
+  base_url: str
+  model: str
+  local: bool
+  api_key_env: str
+
+
+def teacher_sampling(config):
+  """The ``teacher`` section's sampling settings (part of every cached answer's key)."""
+  from recomp_jax.teacher import Sampling  # pylint: disable=import-outside-toplevel  (the openai client's module)
+  t = config.teacher
+  return Sampling(temperature=t.temperature, top_p=t.top_p, max_tokens=t.max_tokens,
+                  stop=tuple(t.stop), seed=t.seed)
+
+
+@contextlib.contextmanager
+def teacher_endpoint(config, log_dir: str, *, start: bool = True, server_args: Sequence[str] = ()):
+  """The teacher ``config.teacher`` names, for the block's duration: ``teacher.base_url`` with
+  ``teacher.model``, or (``base_url`` '') our own server (``python -m recomp_jax.serve``) on
+  127.0.0.1 serving ``teacher.model`` ('' = the PyPI Gemma 3 270M), its log in
+  ``{log_dir}/server.log``. ``start=False`` starts no server (every answer is already cached)."""
+  # lazy: the server launcher and the serving module are needed by the teacher stages only
+  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
+  from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel
+  t = config.teacher
+  local = not t.base_url
+  model_name = default_model_id(resolve_demo_model(t.model, 'reader')) if local else t.model
+  server = None
+  if local and start:
+    server = LocalServer(t.model, model_id=model_name, args=(f'--max-batch={t.server_max_batch}', *server_args),
+                         log_path=os.path.join(log_dir, 'server.log')).start()
+  try:
+    yield TeacherEndpoint(server.base_url if server else (t.base_url or 'http://127.0.0.1:1/v1'), model_name,
+                          local, '' if local else t.api_key_env)
+  finally:
+    if server is not None:
+      server.stop()
 
 
 def run_head(config, runner: StageRunner, resources: Resources, data_files: Sequence[str]) -> dict:
