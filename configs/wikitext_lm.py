@@ -6,6 +6,7 @@ Presets (``--config=configs/wikitext_lm.py:PRESET``; details in
           (``--config.retrieval.corpus_path``).
   shared: ``../shared/data``'s WikiText-2 test (400 windows), BM25 over the ovos Wikipedia
           summaries and the NQ passage corpus.
+  shared_abstractive: :shared's windows and labels, with the abstractive compressor's row.
   ci:     6 windows (tests).
 
 What a window is: ``lm.stride`` (32) scored tokens; its retrieval query is the ``lm.query_tokens``

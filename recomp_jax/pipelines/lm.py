@@ -705,6 +705,8 @@ def experiment(preset: str):
     windows drawn from it with 128-token prefixes, BM25 over the ovos Wikipedia summaries and the
     NQ passage corpus, 12 candidate sentences per window; the trained row from 300 training and 60
     dev windows, two seeds (top-5 is left out for time: its evidence is ~5x top-1's).
+  shared_abstractive: :shared's windows, retrieval and reader labels, the abstractive row in place of
+    the extractive one: reader-sentence targets, one epoch of one seed.
   ci: 6 windows of 3 articles, the trained rows from 24 training windows, the abstractive one on
     reader-sentence targets (tests).
 
@@ -718,10 +720,10 @@ def experiment(preset: str):
     c.lm.hf_config = 'wikitext-103-raw-v1'
     c.lm.max_prefix_tokens = 1024 - 32
     c.train.batch_size = 64  # A.2: batch 64, learning rate 2e-5, 1000 warm-up steps, 3 epochs
-  elif preset in ('shared', 'ci'):
+  elif preset in ('shared', 'shared_abstractive', 'ci'):
     c.lm.wikitext_path = '../shared/data/wikitext/wikitext2_test.raw'
     defaults.use_minilm(c)
-    if preset == 'shared':
+    if preset in ('shared', 'shared_abstractive'):
       # Sized for training and evaluation within two hours on a 2-core CPU: scoring the sentence
       # candidates (windows x candidates reader calls) is most of the work.
       c.lm.corpus = 'ovos+file'
@@ -738,6 +740,18 @@ def experiment(preset: str):
       c.train.epochs = 10.0
       c.train.warmup_steps = 10
       c.train.eval_every = c.train.checkpoint_every = 10
+      if preset == 'shared_abstractive':
+        # the abstractive compressor on the same windows and labels; its candidate targets are the
+        # reader's best sentences (the offline 270M teacher is weak), one epoch of one seed for time
+        c.lm.rows = ('none', 'top1', 'offtheshelf_sentence', 'abstractive', 'oracle_ll')
+        c.critic.targets = 'reader_sentence'
+        c.compressor.max_source_length = 384
+        c.compressor.max_target_length = c.compressor.max_new_tokens = 48
+        c.compressor.microbatch = 4
+        c.compressor_train.batch_size = 16
+        c.compressor_train.epochs = 1.0
+        c.compressor_train.warmup_steps = 2
+        c.compressor_train.eval_every = c.compressor_train.checkpoint_every = 10
     else:
       c.lm.corpus = 'ovos'
       c.lm.max_articles = 3
@@ -762,7 +776,7 @@ def experiment(preset: str):
       c.compressor_train.warmup_steps = 1
       c.compressor_train.eval_every = c.compressor_train.checkpoint_every = 2
   else:
-    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, ci')
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, shared_abstractive, ci')
   return c
 
 
