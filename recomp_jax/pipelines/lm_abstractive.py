@@ -88,7 +88,6 @@ def compressor_config(config):
   for name, value in config.compressor_train.items():
     if name != 'seeds':
       c.train[name] = value
-  c.train.eval_qa_examples = 0  # no QA probe: the task has no questions
   return c
 
 
