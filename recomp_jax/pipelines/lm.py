@@ -732,7 +732,8 @@ def experiment(preset: str):
       c.lm.max_prefix_tokens = 128
       c.lm.max_candidates = 12
       c.lm.train_windows, c.lm.dev_windows = 300, 60
-      # the reader's scores of the test windows' candidates, committed (no text; settings checked)
+      # the reader's scores of the training, dev and test windows' candidates, committed (no text;
+      # settings checked)
       c.lm.label_artifact = 'results/artifacts/wikitext_lm_shared_scores'
       c.lm.rows = ('none', 'top1', 'bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll')
       c.train.seeds = (0, 1)
