@@ -342,3 +342,16 @@ def test_bad_lm_settings_fail_before_any_work(tmp_path, field, value, message):
   with pytest.raises((shared.PipelineError, ConfigError), match=re.escape(message)):
     runner.run(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'stages')
+
+
+def test_abstractive_compressor_config_takes_its_own_train_section_from_a_locked_config():
+  """The fine-tuning path reads ``train.*``; the LM task's abstractive compressor trains with
+  ``compressor_train.*`` on a copy, and the command line's config is locked (no new field)."""
+  from recomp_jax.pipelines import lm_abstractive  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines.lm import experiment as lm_experiment  # pylint: disable=import-outside-toplevel
+  config = lm_experiment('shared_abstractive')
+  config.lock()
+  c = lm_abstractive.compressor_config(config)
+  assert (c.train.learning_rate, c.train.batch_size, c.train.epochs) == (1e-4, 16, 1.0)
+  assert (config.train.learning_rate, config.train.batch_size) == (2e-5, 32)  # the encoder's, untouched
+  assert c.train.seeds == config.train.seeds and c.compressor_train.seeds == (0,)
