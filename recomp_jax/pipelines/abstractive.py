@@ -194,8 +194,7 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
   sampling = shared.teacher_sampling(config)
   cache_path = os.path.join(ctx.runner.workdir, 'teacher_cache.sqlite')
   cache = ResponseCache(cache_path)
-  with shared.teacher_endpoint(config, directory, start=False) as named:  # the model name only
-    model_name = named.model
+  model_name = shared.teacher_model_name(config)
   missing = sum(cache.get(ResponseCache.key(model_name, template, p, sampling, s)) is None
                 for ps in prompts_by_split.values() for p in ps for s in range(t.samples))
   server_args = (f'--max-queue={max(64, 4 * t.concurrency)}', '--batch-window-ms=50')

@@ -129,9 +129,9 @@ def stage_summaries(config, data_dir: str, label_dir: str, workdir: str, directo
                       for it in items[s]]
              for s in SPLITS for j, template in enumerate(LM_TEACHER_PROMPTS)}
   cache = ResponseCache(cache_path)
-  with shared.teacher_endpoint(config, directory, start=False) as named:
-    missing = sum(cache.get(ResponseCache.key(named.model, LM_TEACHER_PROMPTS[j], p, sampling, 0)) is None
-                  for (_, j), ps in prompts.items() for p in ps)
+  model_name = shared.teacher_model_name(config)
+  missing = sum(cache.get(ResponseCache.key(model_name, LM_TEACHER_PROMPTS[j], p, sampling, 0)) is None
+                for (_, j), ps in prompts.items() for p in ps)
   cache.close()
   with shared.teacher_endpoint(config, directory, start=bool(missing)) as endpoint:
     teacher = Teacher(endpoint.model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env,

@@ -365,18 +365,25 @@ def teacher_sampling(config):
                   stop=tuple(t.stop), seed=t.seed)
 
 
+def teacher_model_name(config) -> str:
+  """The model name sent to the teacher: ``teacher.model`` at a base URL, or the id our own server
+  gives the checkpoint ``teacher.model`` names (part of every cached answer's key)."""
+  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel  (the serving module)
+  t = config.teacher
+  return default_model_id(resolve_demo_model(t.model, 'reader')) if not t.base_url else t.model
+
+
 @contextlib.contextmanager
 def teacher_endpoint(config, log_dir: str, *, start: bool = True, server_args: Sequence[str] = ()):
   """The teacher ``config.teacher`` names, for the block's duration: ``teacher.base_url`` with
   ``teacher.model``, or (``base_url`` '') our own server (``python -m recomp_jax.serve``) on
   127.0.0.1 serving ``teacher.model`` ('' = the PyPI Gemma 3 270M), its log in
   ``{log_dir}/server.log``. ``start=False`` starts no server (every answer is already cached)."""
-  # lazy: the server launcher and the serving module are needed by the teacher stages only
-  from recomp_jax.serve import default_model_id  # pylint: disable=import-outside-toplevel
+  # lazy: the server launcher is needed by the teacher stages only
   from recomp_jax.serving.launch import LocalServer  # pylint: disable=import-outside-toplevel
   t = config.teacher
   local = not t.base_url
-  model_name = default_model_id(resolve_demo_model(t.model, 'reader')) if local else t.model
+  model_name = teacher_model_name(config)
   server = None
   if local and start:
     server = LocalServer(t.model, model_id=model_name, args=(f'--max-batch={t.server_max_batch}', *server_args),
