@@ -15,7 +15,7 @@ from recomp_jax.data.schema import Example, Passage
 from recomp_jax.data.sentences import build_candidates
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.pipelines import extractive as pipeline
-from recomp_jax.pipelines import shared
+from recomp_jax.pipelines import encoder_training, shared
 from recomp_jax.reader import prompts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,9 +192,9 @@ def test_encoder_ranks_at_its_own_limit_and_counts_truncation():
   models = shared.Resources(config)  # pylint: disable=protected-access
   encoder = models.encoder()
   assert encoder.max_length == 256  # MiniLM's sentence-transformers max_seq_length, not 64
-  assert pipeline._train_passage_length(config, encoder) == 64  # training pairs: bounded memory
+  assert encoder_training.train_passage_length(config, encoder) == 64  # training pairs: bounded memory
   config.encoder.train_max_passage_length = 0
-  assert pipeline._train_passage_length(config, encoder) == 256
+  assert encoder_training.train_passage_length(config, encoder) == 256
   texts = ['short one', 'word ' * 100]
   assert extractive.count_truncated(encoder.tokenizer, texts, 64) == 1
   assert extractive.count_truncated(encoder.tokenizer, texts, 256) == 0

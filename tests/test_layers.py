@@ -131,6 +131,38 @@ def test_the_package_has_no_import_cycle():
   assert cycles(import_graph()) == []
 
 
+def system_edges(graph: dict[str, set[str]], systems: set[str]) -> list[str]:
+  """Every import from one system's pipeline into another's: ``pipelines.<name>`` and
+  ``pipelines.<name>_*`` are system ``name``'s modules; what two systems share lives in a module of
+  neither (``shared``, ``defaults``, ``encoder_training``)."""
+
+  def system_of(module: str) -> str | None:
+    if not module.startswith(f'{PACKAGE}.pipelines.'):
+      return None
+    leaf = module.rpartition('.')[2]
+    return next((s for s in systems if leaf == s or leaf.startswith(f'{s}_')), None)
+
+  bad = []
+  for module, targets in sorted(graph.items()):
+    own = system_of(module)
+    for target in sorted(targets):
+      other = system_of(target)
+      if own and other and other != own:
+        bad.append(f'{module} -> {target}')
+  return bad
+
+
+def _registered_systems() -> set[str]:
+  from recomp_jax.pipelines import runner  # the registry: config.system -> its module
+  return {entry.split(':')[0].rpartition('.')[2] for entry in {**runner.SYSTEMS, **runner.TASKS}.values()}
+
+
+def test_no_system_imports_another():
+  systems = _registered_systems()
+  assert {'extractive', 'abstractive', 'filco', 'truncation', 'lm', 'kcomp', 'color'} <= systems
+  assert system_edges(import_graph(), systems) == []
+
+
 def test_the_checks_catch_an_upward_edge_and_a_cycle():
   graph = {'recomp_jax.training.finetune': {'recomp_jax.pipelines.shared'},
            'recomp_jax.pipelines.shared': {'recomp_jax.pipelines.runner'},
@@ -139,6 +171,10 @@ def test_the_checks_catch_an_upward_edge_and_a_cycle():
   assert upward_edges(graph) == ['recomp_jax.compressors.base -> recomp_jax.pipelines.shared',
                                  'recomp_jax.training.finetune -> recomp_jax.pipelines.shared']
   assert cycles(graph) == [['recomp_jax.pipelines.runner', 'recomp_jax.pipelines.shared']]
+  graph = {'recomp_jax.pipelines.lm_extractive': {'recomp_jax.pipelines.extractive',
+                                                  'recomp_jax.pipelines.lm', 'recomp_jax.pipelines.shared'}}
+  assert system_edges(graph, {'lm', 'extractive'}) == [
+      'recomp_jax.pipelines.lm_extractive -> recomp_jax.pipelines.extractive']
 
 
 def test_the_graph_sees_imports_inside_functions():

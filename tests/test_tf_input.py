@@ -151,7 +151,7 @@ def test_extractive_training_arrays_are_the_same_with_either_tokenizer(minilm, s
 
   from recomp_jax.compressors import extractive
   from recomp_jax.data.sentences import split_sentences
-  from recomp_jax.pipelines import extractive as pipeline
+  from recomp_jax.pipelines import encoder_training
 
   pairs = []
   for i, text in enumerate(summaries[:24]):
@@ -159,7 +159,7 @@ def test_extractive_training_arrays_are_the_same_with_either_tokenizer(minilm, s
     pairs.append(extractive.TrainingPair(f'q{i}', sentences[0][:60], sentences[0], tuple(sentences[1:4])))
   config = ml_collections.ConfigDict({'encoder': {'model': minilm, 'tokenizer_backend': 'tf'}})
   base = type('Base', (), {'tokenizer': AutoTokenizer.from_pretrained(minilm)})()
-  tf_tokenizer = pipeline._training_tokenizer(config, base)
+  tf_tokenizer = encoder_training.training_tokenizer(config, base)
   assert isinstance(tf_tokenizer, tf_input.TfWordPiece)
   kwargs = dict(num_negatives=3, max_query_length=16, max_passage_length=64)
   expected = extractive.pair_arrays(pairs, base.tokenizer, **kwargs)
@@ -169,7 +169,7 @@ def test_extractive_training_arrays_are_the_same_with_either_tokenizer(minilm, s
     np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
   config.encoder.tokenizer_backend = 'sentencepiece'
   with pytest.raises(Exception, match="tokenizer_backend must be 'hf' or 'tf'"):
-    pipeline._training_tokenizer(config, base)
+    encoder_training.training_tokenizer(config, base)
 
 
 def test_training_summaries_do_not_load_tensorflow(tmp_path):

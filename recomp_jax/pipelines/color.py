@@ -96,24 +96,10 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
           choices=('all',) + ROW_KEYS),
     Field('color.bm25_k1', 0.9, 'BM25 k1 of the bm25 row', minimum=0.0),
     Field('color.bm25_b', 0.4, 'BM25 b of the bm25 row', minimum=0.0),
-    Field('teacher.base_url', '', "any OpenAI-compatible base URL (.../v1); '' = our own server on 127.0.0.1"),
-    Field('teacher.model', '', "the endpoint's model; with base_url '': the checkpoint ('' = Gemma 3 270M)"),
-    Field('teacher.api', 'completions', "'chat' or 'completions' (base models)", choices=('chat', 'completions')),
-    Field('teacher.api_key_env', 'OPENAI_API_KEY', 'environment variable holding the API key (never logged)'),
     Field('teacher.max_tokens', 96, 'compression tokens', minimum=1),
-    Field('teacher.concurrency', 8, 'requests in flight', minimum=1),
-    Field('teacher.max_retries', 5, 'retries of a failed request', minimum=0),
-    Field('teacher.timeout_s', 300.0, 'seconds per request', minimum=0.0),
-    Field('teacher.server_max_batch', 16, "our own server's generation batch", minimum=1),
-    Field('compressor.model', '', "'' = Gemma 3 270M from PyPI (Phi-3-mini in the paper)"),
-    Field('compressor.max_source_length', 384, 'prompt tokens (a passage with the instruction)', minimum=8),
-    Field('compressor.max_target_length', 128, 'compression tokens in training', minimum=1),
-    Field('compressor.max_new_tokens', 96, 'compression tokens at inference', minimum=1),
-    Field('compressor.generate_batch_size', 8, 'rows per generation call', minimum=1),
-    Field('compressor.microbatch', 2, 'rows per gradient microbatch', minimum=1),
-    Field('compressor.remat', True, 'recompute layer activations in the backward pass'),
-    Field('compressor.scan_layers', True, 'one scanned layer body'),
-)
+) + shared.teacher_fields(api='completions') + shared.compressor_fields(
+    model_help="'' = Gemma 3 270M from PyPI (Phi-3-mini in the paper)", max_source_length=384, max_target_length=128,
+    max_new_tokens=96, source_help='prompt tokens (a passage with the instruction)', target_help='compression tokens')
 
 
 def requested_rows(config) -> list[str]:

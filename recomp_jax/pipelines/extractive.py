@@ -38,35 +38,25 @@ from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.evaluation.probe import QaProbe, probe_examples
 from recomp_jax.evaluation.rows import Row
-from recomp_jax.pipelines import defaults, shared
+from recomp_jax.pipelines import defaults, encoder_training, shared
 from recomp_jax.pipelines.shared import Resources
 from recomp_jax.stages import map_resumable, read_records
-from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import prompts
 
 # Modules whose source a stage's output depends on (stage fingerprints include their hash).
 LABEL_CODE = shared.READER_CODE + ('recomp_jax.compressors.extractive',)
 TRAIN_CODE = ('recomp_jax.compressors.extractive', 'recomp_jax.training', 'recomp_jax.models',
-              'recomp_jax.pretrained', 'recomp_jax.sharding')
+              'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.pipelines.encoder_training')
 
-_OBJECTIVES = ('contrastive', 'listwise')
-
-# The extractive system's config section (the shared one is recomp_jax.pipelines.defaults).
+# The extractive system's config section (the shared one is recomp_jax.pipelines.defaults): the
+# training fields it shares with the language-modelling compressor, then its own.
 FIELDS = (
     Field('label.signal', 'loglik', "the reader's label of a candidate: log-likelihood of the gold answer "
           '(Fig. 2) or exact match (Fig. 6)', choices=('loglik', 'em')),
-    Field('label.epsilon', 0.0, 'a hard negative scores at least epsilon below the positive', minimum=0.0),
-    Field('label.num_negatives', 5, 'hard negatives per training pair', minimum=1),
-    Field('train.temperature', 1.0, 'contrastive softmax temperature (MiniLM presets: 0.05)'),
-    Field('train.similarity', 'dot', 'query-sentence score', choices=('dot', 'cosine')),
-    Field('train.select_metric', 'top1_loglik', 'dev metric that picks the kept encoder'),
-    Field('train.objective', 'contrastive', "'contrastive' (eq. 1: positive + hard negatives) or, beyond "
-          "the paper, 'listwise' (KL to the reader's softmax over the candidates)", choices=_OBJECTIVES),
+) + encoder_training.FIELDS + (
     Field('train.compare_objective', '', 'also train this objective (row trained_compare), compared on dev',
-          choices=('',) + _OBJECTIVES),
+          choices=('',) + encoder_training.OBJECTIVES),
     Field('train.compare_seeds', (0,), 'seeds of the compared objective', element=int),
-    Field('train.listwise_candidates', 20, "listwise: candidates in a question's softmax", minimum=1),
-    Field('train.teacher_temperature', 1.0, "listwise: temperature of the reader's log-likelihood softmax"),
     Field('eval.oracle', True, 'evaluate the log-likelihood and EM oracle rows'),
     Field('eval.oracle_em_max_candidates', 0, 'EM oracle: candidates tried per question (0 = all)', minimum=0),
     # Provence-style, beyond the paper.
@@ -225,30 +215,11 @@ def stage_label(config, retrieve_dir: str, cand_dir: str, models: Resources, dir
   return summary
 
 
-def _training_tokenizer(config, base):
-  """The tokenizer of the training arrays: the encoder's own ('hf') or the in-graph one ('tf')."""
-  backend = config.encoder.get('tokenizer_backend', 'hf')
-  if backend == 'hf':
-    return base.tokenizer
-  if backend == 'tf':
-    from recomp_jax.data import tf_input  # pylint: disable=import-outside-toplevel
-    source = resolve_demo_model(config.encoder.model, 'encoder')
-    if not os.path.isdir(source):  # a hub id: its files, from the local cache when offline
-      from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
-      source = snapshot_download(source)
-    return tf_input.load_tf_tokenizer(source)
-  raise shared.PipelineError(f"encoder.tokenizer_backend must be 'hf' or 'tf', got {backend!r}")
-
-
-def _train_passage_length(config, encoder) -> int:
-  return int(min(config.encoder.train_max_passage_length or encoder.max_length, encoder.max_length))
-
-
 def stage_pairs(config, retrieve_dir: str, cand_dir: str, label_dir: str, models: Resources,
                 directory: str) -> dict:
   """Positive and hard negatives per training question; filtered share reported (paper Table 5)."""
   encoder = models.encoder()
-  train_length = _train_passage_length(config, encoder)
+  train_length = encoder_training.train_passage_length(config, encoder)
   summary = {}
   for split in ('train', 'dev'):
     examples = shared.read_examples(os.path.join(retrieve_dir, f'{split}.jsonl'))
@@ -310,8 +281,8 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
   t = config.train
   base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
   base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
-  train_length = _train_passage_length(config, base)
-  tokenizer = _training_tokenizer(config, base)
+  train_length = encoder_training.train_passage_length(config, base)
+  tokenizer = encoder_training.training_tokenizer(config, base)
   if objective == 'contrastive':
     pairs = _read_pairs(os.path.join(pairs_dir, 'train.jsonl'))
     if not pairs:
@@ -346,72 +317,9 @@ def stage_train(config, seed: int, retrieve_dir: str, cand_dir: str, label_dir: 
     return probe(extractive.evidence_per_question(dev_cands[:len(probe)], scores[:len(probe)],
                                                   config.eval.top_k_sentences))
 
-  summary = train_encoder(config, seed, base, arrays, loss_fn, len(pairs), [e.question for e in dev], dev_cands,
+  summary = encoder_training.train_encoder(config, seed, base, arrays, loss_fn, len(pairs), [e.question for e in dev], dev_cands,
                           [dev_labels[e.id]['loglik'] for e in dev], directory, monitor=monitor)
   return {'objective': objective, 'train_passage_length': train_length, **summary}
-
-
-def train_encoder(config, seed: int, base, arrays: dict, loss_fn, n_examples: int, dev_queries: Sequence[str],
-                  dev_cands: Sequence[Sequence[str]], dev_loglik: Sequence[Sequence[float]], directory: str, *,
-                  monitor: Callable | None = None) -> dict:
-  """Fine-tunes ``base`` (a fresh :class:`~recomp_jax.models.dual_encoder.Encoder`) on ``arrays``
-  with ``loss_fn``; every ``train.eval_every`` steps the encoder reranks the dev candidates and the
-  best by ``train.select_metric`` (:func:`~recomp_jax.compressors.extractive.reranked_accuracy`
-  against the reader's dev labels) is exported to ``{directory}/encoder_best``. Shared by the QA
-  and the language-modelling extractive compressors.
-
-  Args:
-    n_examples: training examples in ``arrays`` (epochs are counted in them).
-    monitor: ``dev scores -> extra metrics`` logged at each evaluation (never selects).
-  """
-  from recomp_jax.training import loop as train_lib  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
-  from recomp_jax.models import bert  # pylint: disable=import-outside-toplevel
-  from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
-
-  t = config.train
-  batch_size = min(t.batch_size, n_examples)
-  steps_per_epoch = max(n_examples // batch_size, 1)
-  num_steps = t.num_steps or int(round(t.epochs * steps_per_epoch))
-  iterator = train_lib.ArrayIterator(arrays, batch_size, seed=seed)
-  best_dir = os.path.join(directory, 'encoder_best')
-  best_file = os.path.join(directory, 'best.json')
-  best = formats.read_json(best_file) if os.path.exists(best_file) else None
-  base_metrics = extractive.reranked_accuracy(extractive.rank_candidates(base, dev_queries, dev_cands), dev_loglik)
-
-  def eval_fn(model, step):
-    nonlocal best
-    encoder = Encoder(model, base.tokenizer, max_length=base.max_length)
-    scores = extractive.rank_candidates(encoder, dev_queries, dev_cands)
-    metrics = extractive.reranked_accuracy(scores, dev_loglik)
-    key = t.select_metric
-    # process 0's best.json decides, so every process joins the same collective export
-    if sharding.broadcast_from_main(best is None or metrics[key] > best['metrics'][key]):
-      best = {'step': step, 'metrics': metrics}
-      tower = model.query_model
-      source = resolve_demo_model(config.encoder.model, 'encoder')
-      export_pretrained(Pretrained(tower, tower.config, bert.FAMILY, source), best_dir,
-                        tokenizer_dir=source)
-      with sharding.open_on_main(best_file) as f:
-        json.dump(best, f)
-    if monitor is not None:
-      metrics.update(monitor(scores))
-    return metrics
-
-  train_config = {
-      'num_steps': num_steps, 'seed': seed, 'log_every': t.log_every,
-      'eval_every': t.eval_every, 'checkpoint_every': t.checkpoint_every,
-      'keep_checkpoints': 2, 'best_metric': f'eval/{t.select_metric}', 'best_mode': 'max',
-      'progress_bar': True, 'profile_steps': config.profile_steps, 'mesh': config.mesh.to_dict(),
-      'optimizer': {'learning_rate': t.learning_rate, 'warmup_steps': min(t.warmup_steps, num_steps),
-                    'schedule': t.schedule, 'weight_decay': t.weight_decay,
-                    'clip_grad_norm': t.clip_grad_norm},
-  }
-  result = train_lib.train(train_config, base.model, loss_fn, iterator, eval_fn, workdir=directory)
-  if result.preempted:
-    raise SystemExit('preempted: checkpoint saved; rerun the same command to resume')
-  return {'pairs': n_examples, 'steps': num_steps, 'batch_size': batch_size, 'seed': seed,
-          'off_the_shelf_dev': base_metrics, 'best': best, 'final_metrics': result.metrics}
 
 
 def oracle_em_choices(models: Resources, examples: Sequence[Example], candidates: dict[str, list[str]],

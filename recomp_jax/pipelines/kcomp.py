@@ -102,29 +102,12 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'enc
     Field('kcomp.bertscore_layers', 0, 'BERTScore layers (0 = all; roberta-large: 17)', minimum=0),
     Field('kcomp.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
           choices=('all',) + ROW_KEYS),
-    Field('teacher.base_url', '', "any OpenAI-compatible base URL (.../v1); '' = our own server on 127.0.0.1",
-          read_when=_TEACHER),
-    Field('teacher.model', '', "the endpoint's model; with base_url '': the checkpoint ('' = Gemma 3 270M)",
-          read_when=_TEACHER),
-    Field('teacher.api', 'completions', "'chat' or 'completions' (base models)", choices=('chat', 'completions'),
-          read_when=_TEACHER),
-    Field('teacher.api_key_env', 'OPENAI_API_KEY', 'environment variable holding the API key (never logged)',
-          read_when=_TEACHER),
     Field('teacher.temperature', 0.0, 'sampling temperature', minimum=0.0, read_when=_TEACHER),
     Field('teacher.max_tokens', 128, 'summary tokens', minimum=1, read_when=_TEACHER),
-    Field('teacher.concurrency', 8, 'requests in flight', minimum=1, read_when=_TEACHER),
-    Field('teacher.max_retries', 5, 'retries of a failed request', minimum=0, read_when=_TEACHER),
-    Field('teacher.timeout_s', 300.0, 'seconds per request', minimum=0.0, read_when=_TEACHER),
-    Field('teacher.server_max_batch', 16, "our own server's generation batch", minimum=1, read_when=_TEACHER),
-    Field('compressor.model', '', "'' = Gemma 3 270M from PyPI (Gemma-2B in the paper)"),
-    Field('compressor.max_source_length', 1024, 'prompt tokens (the passages lose their end, counted)', minimum=8),
-    Field('compressor.max_target_length', 256, 'knowledge + summary tokens in training', minimum=1),
-    Field('compressor.max_new_tokens', 192, 'knowledge + summary tokens at inference', minimum=1),
-    Field('compressor.generate_batch_size', 8, 'rows per generation call', minimum=1),
-    Field('compressor.microbatch', 2, 'rows per gradient microbatch', minimum=1),
-    Field('compressor.remat', True, 'recompute layer activations in the backward pass'),
-    Field('compressor.scan_layers', True, 'one scanned layer body'),
-)
+) + shared.teacher_fields(api='completions', read_when=_TEACHER) + shared.compressor_fields(
+    model_help="'' = Gemma 3 270M from PyPI (Gemma-2B in the paper)", max_source_length=1024, max_target_length=256,
+    max_new_tokens=192, source_help='prompt tokens (the passages lose their end, counted)',
+    target_help='knowledge + summary tokens')
 
 
 def eom(config) -> str:

@@ -63,8 +63,7 @@ from recomp_jax.data.sentences import build_corpus
 from recomp_jax.evaluation import lm_metrics
 from recomp_jax.retrieval import sentence_ranking
 from recomp_jax.retrieval.exclusion import search_excluding
-from recomp_jax.pipelines import defaults, lm_abstractive, lm_extractive, shared
-from recomp_jax.pipelines import extractive as extractive_system
+from recomp_jax.pipelines import defaults, encoder_training, lm_abstractive, lm_extractive, shared
 from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, map_resumable, read_records
 from recomp_jax.reader import prompts
 
@@ -87,16 +86,12 @@ LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
 LABEL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.pipelines.lm_extractive')
 TRAIN_CODE = ('recomp_jax.compressors.extractive', 'recomp_jax.training', 'recomp_jax.models',
-              'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.pipelines.lm_extractive')
-_EXTRACTIVE_FIELDS = ('label.epsilon', 'label.num_negatives', 'train.temperature', 'train.similarity',
-                      'train.select_metric', 'train.objective', 'train.listwise_candidates',
-                      'train.teacher_temperature')
-
-# The task's config: the shared fields it reads (it loads no QA data), the extractive system's
-# contrastive-training fields, and ``lm.*``.
+              'recomp_jax.pretrained', 'recomp_jax.sharding', 'recomp_jax.pipelines.lm_extractive',
+              'recomp_jax.pipelines.encoder_training')
+# The task's config: the shared fields it reads (it loads no QA data), the encoder-training section
+# it shares with the QA extractive system, and ``lm.*``.
 FIELDS = tuple(f for f in defaults.shared_fields(without=('data', 'eval'))
-               if f.name != 'train.eval_qa_examples') + tuple(
-    f for f in extractive_system.FIELDS if f.name in _EXTRACTIVE_FIELDS) + (
+               if f.name != 'train.eval_qa_examples') + encoder_training.FIELDS + (
     Field('lm.wikitext_path', '', "a raw WikiText file; '' = the hub (lm.hf_name / hf_config / hf_split)"),
     Field('lm.hf_name', 'wikitext', 'hub dataset name'),
     Field('lm.hf_config', '', 'hub dataset config (wikitext-103-raw-v1 in the paper)'),

@@ -48,7 +48,6 @@ from recomp_jax.data import formats
 from recomp_jax.data.schema import Passage
 from recomp_jax.evaluation import lm_metrics
 from recomp_jax.pipelines import shared
-from recomp_jax.pipelines import abstractive as abstractive_system
 from recomp_jax.pipelines.lm_extractive import SPLITS, RetrievedWindow, read_retrieved
 from recomp_jax.stages import map_resumable
 
@@ -75,11 +74,12 @@ CRITIC_FIELDS = (
           "continuation is most likely, from the label stage)", choices=abstractive.TARGET_SOURCES),
 )
 
-_UNUSED = ('teacher.prompt', 'teacher.samples', 'teacher.few_shot')  # one sample of each of the four prompts
-# The task's abstractive section: the QA system's teacher and compressor fields, the critic's
-# target source and the compressor's own optimisation.
-FIELDS = tuple(f for f in abstractive_system.FIELDS
-               if f.name.startswith(('teacher.', 'compressor.')) and f.name not in _UNUSED) + CRITIC_FIELDS + TRAIN_FIELDS
+# The task's abstractive section: the teacher endpoint and sampling fields, the compressor's (as the QA
+# system's), the critic's target source and the compressor's own optimisation.
+FIELDS = shared.teacher_fields(api='chat') + shared.TEACHER_SAMPLING_FIELDS + shared.compressor_fields(
+    model_help="'' = Gemma 3 270M from PyPI (decoder-only, prompt masked from the loss); a T5 directory or hub "
+    "id trains the paper's seq2seq compressor", max_source_length=1024, max_target_length=128, max_new_tokens=128,
+    target_help='summary tokens', selective=True) + CRITIC_FIELDS + TRAIN_FIELDS
 
 
 def compressor_config(config):

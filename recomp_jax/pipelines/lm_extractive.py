@@ -21,7 +21,8 @@ Stages (run by :func:`recomp_jax.pipelines.lm.run` when the ``trained`` row is r
    perplexity on our validation set").
 
 The method code is :mod:`recomp_jax.compressors.extractive`'s (``select_pair``, ``pair_arrays``,
-``contrastive_loss_fn``) and the QA system's :func:`recomp_jax.pipelines.extractive.train_encoder`.
+``contrastive_loss_fn``) and :func:`recomp_jax.pipelines.encoder_training.train_encoder`, which the QA
+system uses too.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ from recomp_jax.data import formats, wikitext
 from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.data.sentences import build_candidates
 from recomp_jax.evaluation import lm_metrics
-from recomp_jax.pipelines import shared
-from recomp_jax.pipelines.extractive import _train_passage_length, _training_tokenizer, train_encoder
+from recomp_jax.pipelines import encoder_training, shared
 from recomp_jax.stages import map_resumable
 
 SPLITS = ('train', 'dev')
@@ -328,8 +328,8 @@ def stage_train(config, seed: int, models: shared.Resources, data_dir: str, labe
   t = config.train
   base = models.fresh_encoder()  # trained in place: never the cached off-the-shelf one
   base.model.set_layer_execution(scan_layers=config.encoder.scan_layers, remat=config.encoder.remat)
-  train_length = _train_passage_length(config, base)
-  tokenizer = _training_tokenizer(config, base)
+  train_length = encoder_training.train_passage_length(config, base)
+  tokenizer = encoder_training.training_tokenizer(config, base)
   if t.objective == 'contrastive':
     examples = [extractive.TrainingPair(r['id'], r['question'], r['positive'], tuple(r['negatives']))
                 for _, r in formats.iter_jsonl(os.path.join(pairs_dir, 'train.jsonl'))]
@@ -354,7 +354,7 @@ def stage_train(config, seed: int, models: shared.Resources, data_dir: str, labe
     raise shared.PipelineError(f"train.objective must be 'contrastive' or 'listwise', got {t.objective!r}")
   dev = [r for _, r in formats.iter_jsonl(os.path.join(label_dir, 'dev.jsonl')) if r['candidates']]
   dev_windows = {r.id: r.window for r in read_retrieved(os.path.join(data_dir, 'dev.jsonl'))}
-  summary = train_encoder(config, seed, base, arrays, loss_fn, len(examples),
+  summary = encoder_training.train_encoder(config, seed, base, arrays, loss_fn, len(examples),
                           [dev_windows[r['id']].query for r in dev], [r['candidates'] for r in dev],
                           [r['loglik'] for r in dev], directory)
   return {'objective': t.objective, 'train_passage_length': train_length, **summary}

