@@ -134,6 +134,11 @@ class ResponseCache:
                         hashlib.sha256(prompt.encode()).hexdigest(), record, time.time()))
       self._db.commit()
 
+  def count_missing(self, model: str, template: str, prompts: Sequence[str], sampling: Sampling,
+                    samples: int = 1) -> int:
+    """How many of ``prompts`` x ``samples`` answers are not cached yet (0: no endpoint is needed)."""
+    return sum(self.get(self.key(model, template, p, sampling, s)) is None for p in prompts for s in range(samples))
+
   def __len__(self) -> int:
     with self._lock:
       return int(self._db.execute('SELECT COUNT(*) FROM completions').fetchone()[0])

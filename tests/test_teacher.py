@@ -108,6 +108,13 @@ def test_complete_all_keeps_order_samples_and_concurrency(tmp_path, monkeypatch)
   assert [[c.text for c in row] for row in out] == [[f'{p}#0', f'{p}#1'] for p in prompts]
   assert prompts[0].startswith('Compress the information') and 'Question: q0' in prompts[0]
   assert t.accounting.requests == 10 and t.accounting.ok == 10
+  # what a teacher stage checks before it starts an endpoint: every answer cached -> nothing missing
+  cache = teacher_lib.ResponseCache(str(tmp_path / 'cache.sqlite'))
+  template = teacher_lib.TEACHER_PROMPTS['nq']
+  assert cache.count_missing('m', template, prompts, t.sampling, samples=2) == 0
+  assert cache.count_missing('m', template, prompts + ['new prompt'], t.sampling, samples=3) == 5 + 3
+  assert cache.count_missing('other model', template, prompts, t.sampling) == 5
+  cache.close()
 
 
 def test_missing_key_without_a_server_is_a_clear_error(tmp_path, monkeypatch):

@@ -169,9 +169,9 @@ def stage_teacher(config, ctx: Context, directory: str) -> dict:
   sampling = shared.teacher_sampling(config)
   cache_path = os.path.join(ctx.runner.workdir, 'teacher_cache.sqlite')
   cache = ResponseCache(cache_path)
-  model_name = shared.teacher_model_name(config)
-  missing = sum(cache.get(ResponseCache.key(model_name, template, p, sampling, s)) is None
-                for ps in prompts_by_split.values() for p in ps for s in range(t.samples))
+  missing = sum(cache.count_missing(shared.teacher_model_name(config), template, ps, sampling, t.samples)
+                for ps in prompts_by_split.values())
+  cache.close()
   server_args = (f'--max-queue={max(64, 4 * t.concurrency)}', '--batch-window-ms=50')
   with shared.teacher_endpoint(config, directory, start=bool(missing), server_args=server_args) as endpoint:
     prices = (t.price_input_per_million or None, t.price_output_per_million or None)

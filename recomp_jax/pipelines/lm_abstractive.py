@@ -129,9 +129,8 @@ def stage_summaries(config, data_dir: str, label_dir: str, workdir: str, directo
                       for it in items[s]]
              for s in SPLITS for j, template in enumerate(LM_TEACHER_PROMPTS)}
   cache = ResponseCache(cache_path)
-  model_name = shared.teacher_model_name(config)
-  missing = sum(cache.get(ResponseCache.key(model_name, LM_TEACHER_PROMPTS[j], p, sampling, 0)) is None
-                for (_, j), ps in prompts.items() for p in ps)
+  missing = sum(cache.count_missing(shared.teacher_model_name(config), LM_TEACHER_PROMPTS[j], ps, sampling)
+                for (_, j), ps in prompts.items())
   cache.close()
   with shared.teacher_endpoint(config, directory, start=bool(missing)) as endpoint:
     teacher = Teacher(endpoint.model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env,
