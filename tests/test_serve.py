@@ -230,3 +230,36 @@ def test_server_children_die_with_their_parent(tmp_path):
   else:
     os.kill(child_pid, signal.SIGKILL)
     raise AssertionError('the child outlived its SIGKILLed parent')
+
+
+def test_warm_up_compiles_every_batch_size_so_the_first_requests_compile_nothing(tiny_gemma_dir):
+  import threading
+
+  from recomp_jax.models import gemma_decoding
+  from recomp_jax.pretrained import load_pretrained
+  from recomp_jax.serving.engine import Engine, Failed, Finished, Job
+
+  pretrained = load_pretrained(tiny_gemma_dir)
+  tokenizer = pretrained.tokenizer()
+  engine = Engine(pretrained.model, tokenizer, max_batch=4, steps=4, window_s=0.2)
+  try:
+    warm = engine.warm_up([10], max_new_tokens=8)
+    assert [shape[:2] for shape in warm['shapes']] == [[1, 16], [2, 16], [4, 16]]
+    compiled = (gemma_decoding._prefill_and_sample._cache_size(), gemma_decoding._decode_and_sample._cache_size())
+    ends, done = [], threading.Event()
+
+    def sink(event):
+      if isinstance(event, (Finished, Failed)):
+        ends.append(event)
+        if len(ends) == 3:
+          done.set()
+
+    prompts = [tokenizer(f'a question of number {i}')['input_ids'] for i in range(3)]
+    assert max(len(p) for p in prompts) <= 16  # the warmed length bucket
+    engine.submit([Job(p, 8, 0.0, 1.0, 0, (), (), sink) for p in prompts])  # 3 rows: the batch-4 programs
+    assert done.wait(120)
+    assert all(isinstance(e, Finished) for e in ends) and engine.batches_run == 1
+    assert (gemma_decoding._prefill_and_sample._cache_size(),
+            gemma_decoding._decode_and_sample._cache_size()) == compiled
+  finally:
+    engine.close()

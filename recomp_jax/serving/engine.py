@@ -187,6 +187,32 @@ class Engine:
       self._lock.notify()
     self._thread.join(timeout=10)
 
+  def warm_up(self, prompt_tokens: Sequence[int], max_new_tokens: int) -> dict:
+    """Compiles the prefill and decode programs of every batch bucket (1, 2, 4, ... ``max_batch``)
+    for the length buckets of ``prompt_tokens`` and the cache room of ``max_new_tokens``, so the
+    first requests of those shapes wait for no compiler (a fresh server otherwise compiles while
+    its first clients wait, and concurrent clients, arriving as a batch of one and then a batch of
+    the rest, wait for two compilations). Runs the model on the calling thread: call it before
+    serving. Returns the shapes (``[rows, prompt length, room]``) and the seconds it took."""
+    from recomp_jax.models.gemma_decoding import RowSampler  # pylint: disable=import-outside-toplevel
+    start = time.perf_counter()
+    row_buckets = sorted({_batch_size_bucket(n, self.max_batch) for n in range(1, self.max_batch + 1)})
+    lengths = sorted({bucket_length(max(int(n), 1)) for n in prompt_tokens})
+    shapes = []
+    for length in lengths:
+      for rows in row_buckets:
+        ids = np.full((rows, length), self.pad_id, np.int32)
+        mask = np.zeros((rows, length), np.int32)
+        mask[:, -1] = 1  # one real token, left-padded as requests are
+        ids[:, -1] = self.tokenizer.bos_token_id or self.pad_id
+        sampler = RowSampler(self.model, ids, mask, seeds=np.zeros(rows, np.uint32),
+                             temperature=np.ones(rows, np.float32), top_p=np.ones(rows, np.float32),
+                             max_new_tokens=max_new_tokens, steps=self.steps)
+        sampler.start()
+        sampler.advance()
+        shapes.append([rows, length, sampler.room])
+    return {'shapes': shapes, 'seconds': round(time.perf_counter() - start, 1)}
+
   # -- worker side --------------------------------------------------------------------
 
   def _release(self, job: Job) -> None:
