@@ -196,9 +196,10 @@ def test_orpo_odds_ratio_term_equals_trl():
   """TRL's ORPOTrainer.odds_ratio_loss on the same average log-probabilities gives our L_OR
   (length_mode='none'); its SFT term (one token mean over the batch) equals ours when the chosen
   responses have equal lengths."""
-  torch = pytest.importorskip('torch')
-  orpo_trainer = pytest.importorskip('trl.experimental.orpo.orpo_trainer')
   import types  # pylint: disable=import-outside-toplevel
+
+  import torch  # pylint: disable=import-outside-toplevel  (the test extra's; a missing one is a failure, not a skip)
+  from trl.experimental.orpo import orpo_trainer  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(11)
   lw = -rng.uniform(0.01, 2.0, size=(4, 6)).astype(np.float32)
   ll = -rng.uniform(0.01, 2.0, size=(4, 9)).astype(np.float32)
