@@ -449,6 +449,19 @@ def test_summary_table_main_metric_field_truncation_and_perplexity():
                                                              '25.62', '0.0', '-']
 
 
+def test_summary_row_of_an_lm_file_without_the_extractive_row_is_the_abstractive_one():
+  lm = _lm_results()
+  lm['rows'].append({'key': 'abstractive', 'name': 'abstractive', 'ppl': 25.0, 'tokens': 20.0, 'n': 6})
+  lm['stages'] = {'windows': {}, 'abs_train_seed0': {}, 'evaluate': {}}  # seeds not recorded: the stages say 1
+  assert report.main_row_key(lm) == 'abstractive'
+  assert report.summary_row(lm, 'results/lm.json')[:8] == ['LM task, abstractive', 'WikiText-2', 'PPL', '6', '1',
+                                                          '25.00', '20.0', 'no retrieval']
+  # beside the extractive row, the abstractive one is the system's own, never its baseline
+  lm['rows'].append({'key': 'trained', 'name': 'trained', 'ppl': 26.0, 'tokens': 30.0, 'n': 6})
+  assert report.main_row_key(lm) == 'trained' and report.strongest_baseline(lm)['key'] == 'none'
+  assert report.summary_row(lm, 'results/lm.json')[0] == 'LM task, extractive'
+
+
 def test_summary_table_errors_name_the_file():
   with pytest.raises(ValueError, match="x.json: the summary table needs a 'trained' row"):
     report.summary_table([_results(rows=_results()['rows'][:3])], ['x.json'])

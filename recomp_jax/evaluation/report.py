@@ -465,7 +465,7 @@ SYSTEM_MAIN_ROWS = {'truncation': 'truncated', 'kcomp': 'kcomp', 'color': 'color
 # 'filtered_reader' read its filter model's output), rows that see the gold answer ('oracle...',
 # 'gold', 'silver') and the teacher.
 SUMMARY_NOT_BASELINES = ('trained', 'ranked', 'filtered_reader', 'gold', 'silver', 'teacher', 'kcomp_no_prior',
-                         'sft', 'orpo')
+                         'sft', 'orpo', 'abstractive')
 SUMMARY_HEADER = ('system', 'dataset', 'metric', 'n', 'seeds', 'score', 'tokens', 'strongest baseline',
                   'its score', 'its tokens', 'score − baseline [95% CI]', 'results')
 
@@ -477,8 +477,27 @@ def results_metric(results: dict) -> str:
 
 
 def main_row_key(results: dict) -> str:
-  """The key of the row the file's system is judged by (:data:`SYSTEM_MAIN_ROWS`, else ``'trained'``)."""
+  """The key of the row the file's system is judged by (:data:`SYSTEM_MAIN_ROWS`, else ``'trained'``;
+  the LM task's abstractive compressor where its file has no extractive ``'trained'`` row)."""
+  if results['system'] == 'lm' and _find_row(results, 'trained') is None and _find_row(results, 'abstractive'):
+    return 'abstractive'
   return SYSTEM_MAIN_ROWS.get(results['system'], 'trained')
+
+
+def _system_name(results: dict, main_key: str) -> str:
+  name = SYSTEM_NAMES.get(results['system'], results['system'])
+  if results['system'] == 'lm':  # two compressors: say which row this is
+    return f"{name}, {'abstractive' if main_key == 'abstractive' else 'extractive'}"
+  return name
+
+
+def _training_seeds(results: dict) -> int:
+  """Seeds of the main row's training: the file's ``seeds``, else its ``*_seed<N>`` training stages
+  (the LM task's abstractive-only runs before their seeds were recorded)."""
+  if results['seeds']:
+    return len(results['seeds'])
+  return len({name.rpartition('_seed')[2] for name in results.get('stages', {})
+              if name.rpartition('_seed')[2].isdigit()})
 
 
 def _is_baseline(row: dict, main_key: str) -> bool:
@@ -544,9 +563,9 @@ def summary_row(results: dict, source: str) -> list[str]:
     raise ValueError(f'{source}: row {main_key!r} has no {metric!r}, the file\'s main metric')
   base = strongest_baseline(results, source)
   link = f'[{results["system"]}]({results_page(results, source)}) ([json]({source}))'
-  return [_cell(SYSTEM_NAMES.get(results['system'], results['system'])),
+  return [_cell(_system_name(results, main_key)),
           _cell(DATASET_NAMES.get(results['dataset'], results['dataset'])), metric.upper(),
-          str(results['n']), str(len(results['seeds'])), _score_cell(main, metric), _fmt(main['tokens']),
+          str(results['n']), str(_training_seeds(results)), _score_cell(main, metric), _fmt(main['tokens']),
           _cell(base['name'].split(':')[0]), _score_cell(base, metric), _fmt(base['tokens']),
           _delta_cell(paired_delta(results, main_key, base['key'], metric)), _cell(link)]
 

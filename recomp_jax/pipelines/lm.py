@@ -80,7 +80,8 @@ ROW_NAMES = {
 ROW_KEYS = tuple(ROW_NAMES)
 COMPARED_WITH = ('none', 'top1')  # the bootstrap compares every row with these
 # and the trained compressor with the sentence selectors it must beat
-PAIRS = (('trained', 'offtheshelf_sentence'), ('trained', 'bm25_sentence'), ('abstractive', 'trained'))
+PAIRS = (('trained', 'offtheshelf_sentence'), ('trained', 'bm25_sentence'), ('abstractive', 'trained'),
+         ('abstractive', 'offtheshelf_sentence'))
 SENTENCE_ROWS = ('bm25_sentence', 'offtheshelf_sentence', 'trained', 'oracle_ll')
 LM_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.evaluation', 'recomp_jax.data', 'recomp_jax.models')
@@ -647,8 +648,11 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict, fi
       'system': 'lm', 'dataset': config.dataset, 'preset': config.preset, **provenance.git_state(),
       'source_hash': provenance.source_hash(), 'data_hashes': provenance.data_hashes(files),
       'versions': provenance.versions(), 'config': config.to_dict(),
-      'train_questions': int(summaries.get('pairs', {}).get('train', {}).get('kept', 0)),
-      'seeds': list(config.train.seeds) if 'pairs' in summaries else [],
+      # the training windows and seeds of the trained rows (the extractive one's, else the abstractive one's)
+      'train_questions': int(summaries['pairs']['train']['kept'] if 'pairs' in summaries else
+                             summaries.get('abs_critic', {}).get('train', {}).get('windows', 0)),
+      'seeds': (list(config.train.seeds) if 'pairs' in summaries else
+                list(config.compressor_train.seeds) if 'abs_critic' in summaries else []),
       'n': int(summaries['evaluate']['windows']), 'rows': rows, 'bootstrap': bootstrap(records, config.seed),
       'main_metric': 'ppl', 'stage_seconds': dict(runner.timings), 'stage_costs': costs, 'stages': summaries,
       'notes': [f"{summaries['windows']['windows']} windows of {config.lm.stride} scored tokens from "
