@@ -12,7 +12,8 @@ Every configuration runs once untimed first (compilation), then is timed.
 
 ``--fresh`` instead times what a fresh server's first clients see: a new server process for each
 of 8 sequential and 8 concurrent clients sending their first requests, with the start-up warm-up
-(``--warmup-prompt-tokens``, the server's default) and without it (''), start-up time reported.
+of ``--warmup-prompt-tokens`` (and ``--max-tokens`` new tokens) and without one (the server's
+default), start-up time reported.
 
 ``--document-words N`` puts N words of document text before each prompt (the teacher
 stage's shape: HotpotQA's prompts average ~700 tokens with 64 new tokens, e.g.
@@ -46,7 +47,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_server(model_dir: str, port: int, args=('--max-batch=32', '--warmup-prompt-tokens=')) -> subprocess.Popen:
+def start_server(model_dir: str, port: int, args=('--max-batch=32',)) -> subprocess.Popen:
   import httpx
   process = subprocess.Popen([sys.executable, '-m', 'recomp_jax.serve', f'--model={model_dir}',
                               '--model-id=bench', f'--port={port}', '--max-queue=128', '--batch-window-ms=20', *args],
@@ -70,8 +71,8 @@ def main():
   parser.add_argument('--skip-hf-single', action='store_true', help='no HF one-prompt-at-a-time row')
   parser.add_argument('--fresh', action='store_true', help="time a fresh server's first 8 sequential / concurrent "
                       'clients, with and without the start-up warm-up')
-  parser.add_argument('--warmup-prompt-tokens', default=None, help='--fresh: the warm-up to compare with none '
-                      "(default: the server's)")
+  parser.add_argument('--warmup-prompt-tokens', default='16', help='--fresh: the prompt lengths of the warm-up '
+                      'compared with none (the default prompts are ~15 tokens: bucket 16)')
   args = parser.parse_args()
   client_counts = [int(c) for c in args.clients.split(',')]
 
@@ -173,10 +174,9 @@ def main():
 def fresh_servers(model_dir: str, prompts: list[str], args) -> None:
   """A new server per case; its first requests timed (compilation included, as a user sees it)."""
   import openai
-  warmups = [('server default', ()) if args.warmup_prompt_tokens is None else
-             (args.warmup_prompt_tokens, (f'--warmup-prompt-tokens={args.warmup_prompt_tokens}',
-                                           f'--warmup-max-tokens={args.max_tokens}')),
-             ('none', ('--warmup-prompt-tokens=',))]
+  warmups = [(args.warmup_prompt_tokens, (f'--warmup-prompt-tokens={args.warmup_prompt_tokens}',
+                                          f'--warmup-max-tokens={args.max_tokens}')),
+             ('none', ())]
   lines = ['### A fresh server: its first requests (compilation included)', '',
            f'{len(prompts)} completion prompts, {args.max_tokens} new tokens each, greedy, --max-batch=16.', '',
            '| warm-up | start-up to /health (s) | 8 sequential (s) | 8 concurrent (s) |', '|---|---|---|---|']
