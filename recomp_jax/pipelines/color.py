@@ -731,7 +731,7 @@ def experiment(preset: str):
   elif preset == 'ci':
     k.max_train, k.max_dev, k.max_test = 6, 2, 4
     k.shots = 1
-    k.queries_per_group, k.budget_tokens = 2, 1536
+    k.queries_per_group, k.budget_tokens = 4, 1024  # one test corpus: each row encodes one prefix
     k.label_queries_per_group, k.label_budget_tokens = 1, 640  # ~3 passages: some candidates succeed
     k.teacher_temperatures = (0.0, 1.0)
     k.answer_tokens = 8

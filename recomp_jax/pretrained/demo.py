@@ -134,6 +134,11 @@ def _assemble_demo_gemma() -> str:
   return target
 
 
-if __name__ == '__main__':
+def main() -> None:
+  """Resolve (fetch or assemble once) both demo models and print where they are."""
   for kind in ('encoder', 'reader'):
     print(f'{kind}: {resolve_demo_model("", kind)}')
+
+
+if __name__ == '__main__':
+  main()
