@@ -6,8 +6,9 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
           them in ``ctxs``), ranked by BM25 over the question (``retrieval.rerank``), top 5
           documents -> candidates, the top 2 sentences prepended.
   shared: offline: ``../shared/data/hotpotqa/dev500_ircot.jsonl`` (10 paragraphs per
-          question, 2 supporting): the last ``data.max_eval`` questions are evaluated and never
-          trained on (``data.holdout_tail``), the rest are the training data.
+          question, 2 supporting): the last 100 questions are never trained on
+          (``data.holdout_size``), the test split is the last ``data.max_eval`` of them, the
+          rest are the training data.
 """
 
 from recomp_jax.pipelines.defaults import offline_holdout

@@ -6,8 +6,9 @@ Presets (``--config=configs/tqa_extractive.py:PRESET``):
           ``--config.retrieval.corpus_path`` (a JSONL of ``id, title, text``), the
           contriever-msmarco encoder, the Gemma 3 270M reader (set ``--config.reader.model``).
   shared: offline: questions of ``../shared/data/triviaqa/llmfoundry_sm_sub.jsonl`` (a
-          development file, not a held-out set) with BM25 over ``nq/corpus_union14924``; the
-          last ``data.max_eval`` questions are never trained on (``data.holdout_tail``).
+          development file, not a held-out set) with BM25 over ``nq/corpus_union14924``; its
+          last 500 questions are never trained on (``data.holdout_size``), the test split is the
+          last ``data.max_eval`` of them.
 """
 
 from recomp_jax.pipelines.defaults import offline_holdout

@@ -58,6 +58,27 @@ def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
   assert not set(ids['test']) & (set(ids['train']) | set(ids['dev']))
   total = sum(1 for _ in open(path))
   assert len(ids['train']) + len(ids['dev']) + len(ids['test']) == total
+  # A run testing on fewer questions (the last few of the tail) still trains on none of the tail,
+  # a shuffled training draw included (audit: the tail used to move with max_eval).
+  config.data.max_eval, config.data.train_subset = n_eval // 5, 'shuffled'
+  smaller = tmp_path / 'smaller'
+  smaller.mkdir()
+  os.chdir(REPO)
+  try:
+    summary = shared.stage_data(config, str(smaller))
+  finally:
+    os.chdir(old)
+  seen = {split: [json.loads(line)['id'] for line in open(smaller / f'{split}.jsonl')] for split in ('train', 'dev', 'test')}
+  assert seen['test'] == ids['test'][-(n_eval // 5):]
+  assert not (set(seen['train']) | set(seen['dev'])) & set(ids['test'])
+  assert len(seen['train']) + len(seen['dev']) == total - n_eval
+  config.data.max_eval = n_eval + 1
+  os.chdir(REPO)
+  try:
+    with pytest.raises(shared.PipelineError, match='over data.holdout_size'):
+      shared.stage_data(config, str(smaller))
+  finally:
+    os.chdir(old)
 
 
 @pytest.mark.parametrize('name,measure,against,metric', [('fever_filco.py', 'lexical', 'query', 'em'),

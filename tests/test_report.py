@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from recomp_jax.evaluation import report
+from recomp_jax.evaluation import ledger, report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -267,13 +267,59 @@ def _pages_with_blocks() -> list[pathlib.Path]:
 
 def test_repository_readme_and_docs_blocks_are_current():
   """README and every docs page with a report block, its paths relative to its own directory (the
-  command line's default root, so `report --check docs/results/filco.md` agrees)."""
+  command line's default root, so `report --check docs/results/filco.md` agrees). The ledger page
+  reads the git history: in a shallow clone (or a tarball) it cannot be checked and is left out."""
   pages = _pages_with_blocks()
+  if not ledger.history_available(REPO / 'results'):
+    pages = [p for p in pages if 'report: ledger' not in p.read_text(encoding='utf-8')]
   names = {p.relative_to(REPO).as_posix() for p in pages}
   assert {'README.md', 'docs/results/extractive.md', 'docs/results/abstractive.md',
           'docs/results/filco.md'} <= names
+  assert 'docs/protocol.md' in names or not ledger.history_available(REPO / 'results')
   stale = {p.relative_to(REPO).as_posix(): report.check_readme(p, root=p.parent) for p in pages}
   assert stale == {name: [] for name in names}
+
+
+def _git(directory, *args):
+  subprocess.run(['git', '-C', str(directory), *args], check=True, capture_output=True)
+
+
+def test_ledger_lists_every_version_in_the_history_and_the_working_tree(tmp_path):
+  """A file overwritten by a rerun keeps its earlier run in the ledger; a deleted file's run too;
+  an uncommitted file is listed; a shallow clone is refused by name."""
+  repo = tmp_path / 'repo'
+  results = repo / 'results'
+  _git(tmp_path, 'init', '-q', str(repo))
+  for key, value in (('user.email', 't@example.com'), ('user.name', 't'), ('commit.gpgsign', 'false')):
+    _git(repo, 'config', key, value)
+  eval_path = {'data': {'eval_path': '../shared/data/eval/nq_eval500_bm25top10.jsonl'}}
+  _write(results / 'nq.json', _results(config=eval_path, n=150))
+  _write(results / 'old.json', _results(dataset='hotpotqa', config={'data': {'eval_path': 'h.jsonl'}}))
+  _write(results / 'artifacts' / 'x.json', {'not': 'a results file'})
+  _git(repo, 'add', '-A')
+  _git(repo, 'commit', '-qm', 'first runs')
+  rerun = _results(config=eval_path, n=500)
+  rerun['rows'][3]['em'] = 21.0
+  _write(results / 'nq.json', rerun)
+  (results / 'old.json').unlink()
+  _git(repo, 'add', '-A')
+  _git(repo, 'commit', '-qm', 'rerun')
+  _write(results / 'new.json', _results(system='kcomp', git_commit='f' * 40, dirty=True))  # no 'kcomp' row
+  entries = ledger.entries(results, report.ledger_score)
+  got = sorted((e.path, e.status, e.n, e.held_out, e.score, e.code) for e in entries)
+  assert got == [('new.json', 'current', 500, False, '?', 'ffffffffff+dirty'),
+                 ('nq.json', 'current', 500, True, 'EM 21.0 (trained)', '0123456789'),
+                 ('nq.json', 'overwritten', 150, True, 'EM 19.6 (trained)', '0123456789'),
+                 ('old.json', 'deleted', 500, False, 'F1 27.7 (trained)', '0123456789')]
+  assert all(e.code_date == '?' for e in entries)  # those commits are not in this history
+  text = ledger.table(results, report.ledger_score, link_prefix='../results/')
+  assert text.startswith('**4 evaluations in 3 results files (2 of them overwritten or deleted since); '
+                         '2 on a held-out `eval/` file**')
+  assert '[nq.json](../results/nq.json) | current' in text and '| old.json | deleted |' in text
+  shallow = tmp_path / 'shallow'
+  _git(tmp_path, 'clone', '-q', '--depth', '1', f'file://{repo}', str(shallow))
+  with pytest.raises(ledger.LedgerUnavailable, match='not a full git clone'):
+    ledger.entries(shallow / 'results', report.ledger_score)
 
 
 # ----------------------------------------------------------------------------- command line

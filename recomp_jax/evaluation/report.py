@@ -22,6 +22,9 @@ one row per file: the main row against the strongest baseline, :func:`summary_ta
   <!-- report: summary results/nq_extractive_shared.json results/nq_filco_shared.json -->
   <!-- /report -->
 
+``<!-- report: ledger RESULTS_DIR -->`` is the test-set ledger of :mod:`recomp_jax.evaluation.ledger`
+(every results file's evaluations, with the versions in the git history).
+
 Block paths are relative to the markdown file's directory by default (``--root`` changes it), so a
 page under ``docs/results/`` names ``../../results/X.json``.
 
@@ -54,6 +57,8 @@ import tempfile
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from recomp_jax.evaluation import ledger
 
 PathLike = str | os.PathLike
 
@@ -535,6 +540,18 @@ def paired_delta(results: dict, a: str, b: str, metric: str) -> dict | None:
   return None
 
 
+def ledger_score(results: dict) -> str:
+  """A results file's main row as the ledger shows it, e.g. ``EM 19.6 (trained)`` ('?' if absent)."""
+  try:
+    key, metric = main_row_key(results), results_metric(results)
+  except (KeyError, TypeError):
+    return '?'
+  row = next((r for r in results.get('rows') or [] if r.get('key') == key), None)
+  if row is None or not isinstance(row.get(metric), (int, float)):
+    return '?'
+  return f'{metric.upper()} {_fmt(row[metric], 2 if metric == "ppl" else 1)} ({key})'
+
+
 def _score_cell(row: dict, metric: str) -> str:
   return _metric_cell(row, metric) if metric in _PER_SEED_METRICS else _fmt(row[metric], 2)
 
@@ -636,6 +653,11 @@ def find_blocks(lines: Sequence[str], readme: PathLike = 'README') -> list[Block
 
 def _block_body(block: Block, root: PathLike, readme: PathLike) -> str:
   words = block.path.split(' ')
+  if words[0] == 'ledger':  # <!-- report: ledger RESULTS_DIR -->: every evaluation, from git too
+    if len(words) != 2:
+      raise ValueError(f'{readme}:{block.line}: a ledger block names one results directory')
+    prefix = words[1].rstrip('/') + '/'
+    return ledger.table(pathlib.Path(root) / words[1], ledger_score, link_prefix=prefix)
   table = MULTI_FILE_TABLES.get(words[0]) if len(words) > 1 else None
   if len(words) > 1 and table is None:
     raise ValueError(f'{readme}:{block.line}: unknown report table {words[0]!r} '

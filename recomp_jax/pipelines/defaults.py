@@ -48,6 +48,9 @@ SHARED_FIELDS: tuple[Field, ...] = (
     Field('data.demo_test', 0, 'demo test questions', minimum=0, read_when=('data.source', _DEMO)),
     Field('data.holdout_tail', False, 'test = the last max_eval questions of train_path (== eval_path)',
           read_when=('data.source', _JSONL)),
+    Field('data.holdout_size', 0, 'with holdout_tail: the last holdout_size questions are never trained on, '
+          'whatever max_eval (0 = the last max_eval: the held-out tail moves with max_eval)', minimum=0,
+          read_when=('data.source', _JSONL)),
     # retrieval
     Field('retrieval.method', 'bm25', 'retriever for questions without documents', choices=('bm25', 'dense')),
     Field('retrieval.corpus_path', '', 'the passage corpus (JSONL) retrieval searches'),
@@ -195,12 +198,15 @@ def dataset_data(c: ml_collections.ConfigDict, dataset: str, preset: str) -> Non
 
 
 def offline_holdout(c: ml_collections.ConfigDict, path: str, n_eval: int) -> None:
-  """Trains and evaluates on one development file whose last ``n_eval`` examples are held out."""
+  """Trains and evaluates on one development file whose last ``n_eval`` examples are held out: a
+  fixed tail (``data.holdout_size``), so a run that tests on fewer (a smaller ``max_eval``, the last
+  ones of the tail) still never trains on the rest of it."""
   c.data.source = 'jsonl'
   c.data.train_path = path
   c.data.eval_path = path
   c.data.max_eval = n_eval
   c.data.holdout_tail = True
+  c.data.holdout_size = n_eval
   use_minilm(c)
   c.train.batch_size = 32
   c.train.warmup_steps = 30

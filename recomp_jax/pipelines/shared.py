@@ -177,8 +177,12 @@ def stage_data(config, directory: str) -> dict:
       # are removed from training (for files without a separate held-out set).
       if not data.max_eval or os.path.abspath(data.train_path) != os.path.abspath(data.eval_path):
         raise PipelineError('data.holdout_tail needs data.max_eval > 0 and eval_path == train_path')
+      held_out = data.holdout_size or data.max_eval
+      if data.max_eval > held_out:
+        raise PipelineError(f'data.max_eval={data.max_eval} is over data.holdout_size={held_out}: the test '
+                            'questions must lie in the held-out tail')
       test = examples[-data.max_eval:]
-      examples = examples[:-data.max_eval]
+      examples = examples[:-held_out]
     else:
       test = list(formats.read_examples(data.eval_path, data.flavour, report=report))
       if data.max_eval:
