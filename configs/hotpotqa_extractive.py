@@ -4,9 +4,11 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
   paper:  for users with the hub: ``hotpot_qa`` (distractor) from ``datasets``; each
           question's own 10 paragraphs are its documents (the distractor setting keeps
           them in ``ctxs``), ranked by BM25 over the question (``retrieval.rerank``), top 5
-          documents -> candidates, the top 2 sentences prepended.
+          documents -> candidates, the top 2 sentences prepended. The paper retrieves from
+          Wikipedia instead: here both supporting paragraphs are always among the documents
+          (the distractor setting), which makes the task easier than the paper's.
   shared: offline: ``../shared/data/hotpotqa/dev500_ircot.jsonl`` (10 paragraphs per
-          question, 2 supporting): the last 100 questions are never trained on
+          question, 2 supporting: the same distractor setting): the last 100 questions are never trained on
           (``data.holdout_size``), the test split is the last ``data.max_eval`` of them, the
           rest are the training data.
 """

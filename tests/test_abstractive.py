@@ -153,3 +153,17 @@ def test_reader_best_sentences_pick_the_candidate_the_reader_scores_highest():
   assert [b['candidates'] for b in best] == [3, 2, 0]
   assert best[0]['loglik'] > best[0]['none_loglik'] and best[1]['loglik'] < best[1]['none_loglik']
   assert best[2]['loglik'] is None and reader.calls == [('ll', 3 + 2 + 0 + 3)]
+
+
+def test_trained_row_names_its_target_source():
+  """Audit (issue 57): with reader-sentence targets the row used to read as the paper's compressor."""
+  from recomp_jax.pipelines import abstractive as pipeline  # pylint: disable=import-outside-toplevel
+  system, config = pipeline.AbstractiveSystem(), pipeline.experiment('nq', 'shared')
+  names = {}
+  for targets in abstractive.TARGET_SOURCES:
+    config.critic.targets = targets
+    names[targets] = system.row_name('trained', config)
+  assert names == {'teacher': "RECOMP abstractive, trained compressor (teacher summaries, the paper's targets)",
+                   'reader_sentence': "RECOMP abstractive, trained compressor (the reader's best sentences as "
+                                      'targets, beyond the paper)'}
+  assert system.row_name('top1', config) == 'top-1 document'

@@ -79,6 +79,8 @@ ROW_NAMES = {
     'extractive': 'RECOMP extractive, trained encoder top sentence(s)',
     'oracle': 'oracle: teacher summary or nothing, chosen with the gold answer (A.5)',
 }
+TARGET_NAMES = {'teacher': "teacher summaries, the paper's targets",
+                'reader_sentence': "the reader's best sentences as targets, beyond the paper"}
 SPLITS = ('train', 'dev', 'test')
 
 
@@ -502,7 +504,10 @@ class AbstractiveSystem(System):
                                    batch_size=c.generate_batch_size)
 
   def row_name(self, key: str, config) -> str:
-    return rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]
+    name = rows_lib.SHARED_ROW_NAMES.get(key) or ROW_NAMES[key]
+    if key == 'trained':  # the row says what the compressor was distilled from
+      name += ' (' + TARGET_NAMES[config.critic.targets] + ')'
+    return name
 
   def trained_questions(self, ctx: Context) -> int:
     critic = ctx.summaries.get('critic', {}).get('train', {})
