@@ -546,7 +546,7 @@ def ledger_score(results: dict) -> str:
     key, metric = main_row_key(results), results_metric(results)
   except (KeyError, TypeError):
     return '?'
-  row = next((r for r in results.get('rows') or [] if r.get('key') == key), None)
+  row = _find_row(results, key)
   if row is None or not isinstance(row.get(metric), (int, float)):
     return '?'
   return f'{metric.upper()} {_fmt(row[metric], 2 if metric == "ppl" else 1)} ({key})'
