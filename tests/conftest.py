@@ -124,3 +124,38 @@ def tiny_gemma_dir(tmp_path_factory, gemma3_hf_dir) -> str:
   export_pretrained(Pretrained(gemma.GemmaModel(config, rngs=nnx.Rngs(1)), config, gemma.FAMILY, gemma3_hf_dir),
                     directory, tokenizer_dir=gemma3_hf_dir)
   return directory
+
+
+SHALLOW_LAYERS = (0, 1, 2, 5)  # the first three sliding layers and the first full-attention one
+
+
+@pytest.fixture(scope='session')
+def shallow_gemma_dir(tmp_path_factory, gemma3_hf_dir) -> str:
+  """The real Gemma 3 270M cut to 4 of its 18 layers (``SHALLOW_LAYERS``), as a HF directory: the
+  reader of the fast tier's CoLoR and K-COMP end-to-end tests. Unlike a random model it writes
+  words and ranks passages by their content, which those pipelines need to form preference pairs
+  and non-empty answers, at about a quarter of the whole model's cost (the slow tier reads with it)."""
+  import json
+  import shutil
+  from safetensors.numpy import load_file, save_file
+  directory = tmp_path_factory.mktemp('shallow') / 'gemma'
+  directory.mkdir()
+  with open(os.path.join(gemma3_hf_dir, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  config['layer_types'] = [config['layer_types'][i] for i in SHALLOW_LAYERS]
+  config['num_hidden_layers'] = len(SHALLOW_LAYERS)
+  with open(directory / 'config.json', 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2)
+  tensors = {}
+  for name, value in load_file(os.path.join(gemma3_hf_dir, 'model.safetensors')).items():
+    head, layer, tail = (name.split('.layers.', 1)[0], *name.split('.layers.', 1)[1].split('.', 1)) \
+        if '.layers.' in name else (name, None, None)
+    if layer is None:
+      tensors[name] = value
+    elif int(layer) in SHALLOW_LAYERS:
+      tensors[f'{head}.layers.{SHALLOW_LAYERS.index(int(layer))}.{tail}'] = value
+  save_file(tensors, str(directory / 'model.safetensors'))
+  for name in ('tokenizer.json', 'tokenizer_config.json'):
+    shutil.copy(os.path.join(gemma3_hf_dir, name), directory)
+  return str(directory)
+

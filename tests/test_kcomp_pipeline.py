@@ -29,13 +29,16 @@ def _repo_on_path(monkeypatch):
 
 
 @pytest.mark.end_to_end
-def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir):
+@pytest.mark.parametrize('reader', ['shallow_gemma', pytest.param('gemma3_270m', marks=pytest.mark.slow)])
+def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, request):
   if not os.path.isdir(MEDQUAD):
     pytest.skip(f'{MEDQUAD} is absent (the shared data folder)')
   from configs.medquad_kcomp import get_config
   config = get_config('ci')
   config.workdir = str(tmp_path / 'run')
   config.compressor.model = tiny_gemma_dir
+  if reader == 'shallow_gemma':  # the preset's reader is the whole Gemma 3 270M
+    config.reader.model = request.getfixturevalue('shallow_gemma_dir')
   results = runner.run(config, config.workdir)
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
   rows = {r['key']: r for r in results['rows']}

@@ -1,11 +1,15 @@
 """K-COMP's <ent> / <eom>: added to the tokenizer and the embedding table, exported, loaded back."""
 
+import json
+import os
+
 import numpy as np
+import pytest
 import torch
 from flax import nnx
 
 from recomp_jax.models import gemma
-from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained
+from recomp_jax.pretrained import Pretrained, export_pretrained, load_pretrained, load_tokenizer
 from recomp_jax.pretrained.special_tokens import add_special_tokens
 
 
@@ -20,7 +24,9 @@ def test_new_tokens_get_mean_rows_and_survive_export_and_load(tmp_path, gemma3_h
   from transformers import AutoModelForCausalLM, AutoTokenizer
   for tie in (True, False):
     pretrained = _tiny(gemma3_hf_dir, tie)
-    tokenizer = pretrained.tokenizer()
+    with pytest.raises(ValueError, match='shared'):
+      add_special_tokens(pretrained, pretrained.tokenizer(), ('<ent>',))  # would change every user's
+    tokenizer = pretrained.tokenizer(fresh=True)
     old_table = np.asarray(pretrained.model.embedder.embedding[...])
     v = old_table.shape[0]
     ids = add_special_tokens(pretrained, tokenizer, ('<ent>', '<eom>'))
@@ -52,3 +58,28 @@ def test_new_tokens_get_mean_rows_and_survive_export_and_load(tmp_path, gemma3_h
     ours = np.asarray(again.model(x))
     assert ours.shape[-1] == v + 2
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_tokenizers_are_shared_per_directory_and_thread_and_reread_when_rewritten(tmp_path, gemma3_hf_dir):
+  import shutil
+  import threading
+  directory = str(tmp_path / 'tok')
+  shutil.copytree(gemma3_hf_dir, directory, ignore=shutil.ignore_patterns('*.safetensors'))
+  first = load_tokenizer(directory)
+  assert load_tokenizer(directory) is first and load_tokenizer(directory + '/') is first
+  assert load_tokenizer(directory, fresh=True) is not first
+  other = []
+  thread = threading.Thread(target=lambda: other.append(load_tokenizer(directory)))
+  thread.start()
+  thread.join()
+  assert other[0] is not first  # a fast tokenizer's call sets its padding state in place
+  copy = str(tmp_path / 'copy')
+  shutil.copytree(directory, copy)
+  assert load_tokenizer(copy) is first  # an export's copy of the same files shares it
+  config = os.path.join(copy, 'tokenizer_config.json')
+  with open(config, encoding='utf-8') as f:
+    fields = json.load(f)
+  with open(config, 'w', encoding='utf-8') as f:
+    json.dump({**fields, 'model_max_length': 77}, f)
+  changed = load_tokenizer(copy)
+  assert changed is not first and changed.model_max_length == 77  # rewritten with new content: read again

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from recomp_jax.data.schema import Passage
 from recomp_jax.evaluation.rows import in_rank_order, truncate  # also every system's truncation row
+from recomp_jax.pretrained import load_tokenizer
 
 
 class TruncationCompressor:
@@ -22,8 +23,7 @@ class TruncationCompressor:
 
 def load(spec: dict) -> TruncationCompressor:
   """The compressor of a ``compressor.json`` (``tokenizer``: the reader's tokenizer directory)."""
-  from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel  (heavy; inference only)
-  return TruncationCompressor(AutoTokenizer.from_pretrained(spec['tokenizer']), k=spec['k'], top_docs=spec['top_docs'])
+  return TruncationCompressor(load_tokenizer(spec['tokenizer']), k=spec['k'], top_docs=spec['top_docs'])
 
 
 def matched_tokens(results_path: str, row: str = 'trained') -> int:

