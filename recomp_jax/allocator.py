@@ -234,6 +234,19 @@ def drop_compiled_near_map_limit(fraction: float = 0.5) -> dict:
           'maps_after': memory_map_count() if cleared else maps}
 
 
+# Below this growth of the resident set a task's freed pages are not worth a full garbage
+# collection and trim (~0.5 s in a process holding a pipeline's models and tokenizers).
+RELEASE_MIN_GROWTH = 256 << 20
+
+
+def release_if_grown(since: int) -> dict | None:
+  """:func:`release_free_memory` when the resident set grew by ``RELEASE_MIN_GROWTH`` bytes or
+  more since ``since`` (a :func:`resident_bytes` reading taken before the task); else ``None``."""
+  if resident_bytes() - since < RELEASE_MIN_GROWTH:
+    return None
+  return release_free_memory()
+
+
 def release_free_memory() -> dict:
   """Returns the pages the allocator keeps for reuse to the operating system.
 

@@ -26,8 +26,8 @@ process 0 owns it: it decides whether a stage runs, prepares and finishes its
 directory and writes every file, while the other processes compute alongside it
 (a stage that uses the sharded models is a collective) and write nothing. A stage
 that is not a collective (``collective=False``: data preparation, calls to a teacher
-API) runs on process 0 alone while the others wait for it. After every stage the
-allocator hands its kept pages back (:func:`recomp_jax.allocator.release_free_memory`), and
+API) runs on process 0 alone while the others wait for it. After a stage that grew the resident
+set the allocator hands its kept pages back (:func:`recomp_jax.allocator.release_if_grown`), and
 a process near the kernel's cap on memory mappings drops its compiled functions
 (:func:`recomp_jax.allocator.drop_compiled_near_map_limit`: past the cap, XLA's CPU compiler
 crashes). ``DONE.json`` records the stage's peak resident set.
@@ -506,6 +506,7 @@ class StageRunner:
       logging.info('stage %s: process 0 runs it; waiting', name)
     start = time.time()
     allocator.reset_peak_resident()
+    resident_at_start = allocator.resident_bytes()
     summary = fn(directory) if (main or collective) else None
     peak = allocator.peak_resident_bytes()
     sharding.sync_processes(f'stage {name}: computed')  # every process's work is in the files
@@ -527,9 +528,12 @@ class StageRunner:
       self._fetch_on_other_processes(name, directory)
     if summary is None:
       summary = self.summary(name)
-    memory = allocator.release_free_memory()
-    logging.info('stage %s: finished in %.1fs (peak resident %.1f GB; %s: resident %.1f -> %.1f GB)', name,
-                 seconds, peak / 1e9, memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
+    memory = allocator.release_if_grown(resident_at_start)
+    if memory is None:
+      logging.info('stage %s: finished in %.1fs (peak resident %.1f GB)', name, seconds, peak / 1e9)
+    else:
+      logging.info('stage %s: finished in %.1fs (peak resident %.1f GB; %s: resident %.1f -> %.1f GB)', name,
+                   seconds, peak / 1e9, memory['allocator'], memory['rss_before'] / 1e9, memory['rss_after'] / 1e9)
     maps = allocator.drop_compiled_near_map_limit()
     if maps['cleared']:
       logging.info('stage %s: %d of the kernel\'s %d memory mappings in use; compiled functions dropped (%d left)',

@@ -257,3 +257,12 @@ def test_compiled_functions_are_dropped_near_the_map_limit():
   dropped = allocator.drop_compiled_near_map_limit(fraction=0.0)
   assert dropped['cleared'] and dropped['maps_after'] < grown - 200, dropped
   assert [float(f(x).sum()) for f in functions[:3]] == first[:3]
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc is Linux')
+def test_release_after_a_task_only_when_the_resident_set_grew():
+  now = allocator.resident_bytes()
+  assert now > 0
+  assert allocator.release_if_grown(now) is None  # nothing grew: no collection, no trim
+  released = allocator.release_if_grown(now - allocator.RELEASE_MIN_GROWTH)
+  assert released is not None and released['rss_before'] > 0 and released['allocator'] == allocator.loaded_allocator()

@@ -608,3 +608,20 @@ def test_nucleus_mask_keeps_the_smallest_set_reaching_top_p():
     expected[order[before < top_p[row]]] = True
     np.testing.assert_array_equal(mask[row], expected)
   assert mask[2].all() and mask[3].sum() == 1
+
+
+def test_stop_token_mask_marks_the_pieces_holding_a_stop_string_and_is_kept_per_tokenizer():
+  from recomp_jax.models.decoding import stop_token_mask
+  from recomp_jax.pretrained import load_tokenizer, resolve_demo_model
+  tokenizer = load_tokenizer(resolve_demo_model('', 'encoder'), fresh=True)  # BERT: 30k pieces
+  vocab = len(tokenizer)
+  texts = [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.convert_ids_to_tokens(list(range(vocab)))]
+  commas = np.array([',' in t for t in texts])
+  assert 2 <= commas.sum() < 100
+  np.testing.assert_array_equal(stop_token_mask(tokenizer, vocab, (',',)), commas)
+  with_eos = stop_token_mask(tokenizer, vocab, (',',), eos_ids=(5,))  # the kept mask, plus EOS
+  np.testing.assert_array_equal(with_eos, commas | (np.arange(vocab) == 5))
+  np.testing.assert_array_equal(stop_token_mask(tokenizer, vocab, (',',)), commas)  # the kept one unchanged
+  tokenizer.add_tokens(['zz,zz'])
+  grown = stop_token_mask(tokenizer, vocab + 1, (',',))
+  assert grown[vocab] and (grown[:vocab] == commas).all()

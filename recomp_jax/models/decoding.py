@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -159,6 +160,24 @@ def stop_token_mask(tokenizer, vocab_size: int, stop_strings: Sequence[str] = ()
     if i is not None and 0 <= i < vocab_size:
       mask[i] = True
   if stop_strings:
+    mask |= _stop_string_mask(tokenizer, vocab_size, tuple(stop_strings))
+  return mask
+
+
+# Reading every piece of a 262k vocabulary as text takes ~10 s, and each generator of a process
+# asks again for the same (shared) tokenizer: kept per tokenizer object while it lives.
+_STOP_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stop_string_mask(tokenizer, vocab_size: int, stop_strings: tuple[str, ...]) -> np.ndarray:
+  """``[V]`` bool: the pieces whose text contains one of ``stop_strings`` (a read-only array)."""
+  key = (vocab_size, len(tokenizer), stop_strings)  # len: a tokenizer that gained tokens is asked again
+  try:
+    masks = _STOP_MASKS.setdefault(tokenizer, {})
+  except TypeError:  # not weakly referable: computed each time
+    masks = {}
+  if key not in masks:
+    mask = np.zeros((vocab_size,), bool)
     vocab = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
     for i, piece in enumerate(vocab):
       if piece is None:
@@ -166,7 +185,9 @@ def stop_token_mask(tokenizer, vocab_size: int, stop_strings: Sequence[str] = ()
       text = tokenizer.convert_tokens_to_string([piece])
       if any(s in text for s in stop_strings):
         mask[i] = True
-  return mask
+    mask.flags.writeable = False
+    masks[key] = mask
+  return masks[key]
 
 
 def first_token(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig, stop_mask: jax.Array) -> jax.Array:

@@ -740,13 +740,13 @@ def train(config: TrainConfig | Mapping[str, Any] | Any,
 
       def run_eval(step: int) -> dict[str, float]:
         began = time.perf_counter()
-        peak_before = allocator.peak_resident_bytes()
+        peak_before, resident_before = allocator.peak_resident_bytes(), allocator.resident_bytes()
         values = {f'eval/{k}': float(v) for k, v in eval_fn(state.model(), step).items()}
         # the process's peak after the evaluation: above peak_before when the evaluation set it
         peak = allocator.peak_resident_bytes()
         # Evaluation (dev loss, generation for the probe) has other shapes than the step: hand
         # its freed pages back rather than keep both working sets (allocator.py says why).
-        allocator.release_free_memory()
+        allocator.release_if_grown(resident_before)
         writer.write_scalars(step, {**values, 'perf/eval_seconds': time.perf_counter() - began,
                                     'perf/host_peak_resident_gb': peak / 1e9,
                                     'perf/eval_raised_peak_gb': max(peak - peak_before, 0) / 1e9})
