@@ -148,14 +148,14 @@ def shallow_gemma_dir(tmp_path_factory, gemma3_hf_dir) -> str:
     json.dump(config, f, indent=2)
   tensors = {}
   for name, value in load_file(os.path.join(gemma3_hf_dir, 'model.safetensors')).items():
-    head, layer, tail = (name.split('.layers.', 1)[0], *name.split('.layers.', 1)[1].split('.', 1)) \
-        if '.layers.' in name else (name, None, None)
-    if layer is None:
+    head, in_a_layer, rest = name.partition('.layers.')
+    if not in_a_layer:
       tensors[name] = value
-    elif int(layer) in SHALLOW_LAYERS:
+      continue
+    layer, tail = rest.split('.', 1)
+    if int(layer) in SHALLOW_LAYERS:
       tensors[f'{head}.layers.{SHALLOW_LAYERS.index(int(layer))}.{tail}'] = value
   save_file(tensors, str(directory / 'model.safetensors'))
   for name in ('tokenizer.json', 'tokenizer_config.json'):
     shutil.copy(os.path.join(gemma3_hf_dir, name), directory)
   return str(directory)
-
