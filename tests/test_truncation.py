@@ -1,5 +1,6 @@
 """The length-matched truncation baseline: the method on its own, then its :ci run end to end
-(the shared head, the real Gemma 3 270M reader) with k matched to another results file."""
+(the shared head; a tiny random reader in the fast tier, the real Gemma 3 270M in the slow one)
+with k matched to another results file."""
 
 import json
 import os
@@ -41,13 +42,17 @@ def test_matched_tokens_reads_the_row_of_a_results_file(tmp_path):
 
 
 @pytest.mark.end_to_end
-def test_ci_run_end_to_end_with_k_matched_to_another_run(tmp_path, monkeypatch, gemma3_gguf_path, gemma3_hf_dir):
+@pytest.mark.parametrize('reader', ['tiny_gemma', pytest.param('gemma3_270m', marks=pytest.mark.slow)])
+def test_ci_run_end_to_end_with_k_matched_to_another_run(tmp_path, monkeypatch, gemma3_gguf_path, gemma3_hf_dir,
+                                                        tiny_gemma_dir, reader):
   monkeypatch.syspath_prepend(REPO)
   from configs.nq_truncation import get_config
   other = tmp_path / 'other_results.json'
   other.write_text(json.dumps({'rows': [{'key': 'trained', 'tokens': 12.2}]}))
   config = get_config('ci')
   config.workdir = str(tmp_path / 'run')
+  if reader == 'tiny_gemma':  # the real tokenizer, so k counts the same tokens
+    config.reader.model = tiny_gemma_dir
   config.truncation.match_results = str(other)
   results = runner.run(config, config.workdir)
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
