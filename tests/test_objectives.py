@@ -140,3 +140,44 @@ def test_an_objective_that_does_not_pack_refuses_pack(tmp_path):
   with pytest.raises(ValueError, match='does not pack'):
     finetune.finetune(config, config.filter, _gemma(), char_tokenizer(VOCAB), PREFS, [], seed=0,
                       directory=str(tmp_path), export=lambda m: None, objective=objectives.orpo(orpo_lambda=1.0))
+
+
+def test_new_token_rows_updates_are_scaled_and_nothing_else_changes():
+  """``vocab_rows``: AdamW's update of the listed embedding rows times the scale, the rest as plain AdamW."""
+  from flax import nnx
+  from recomp_jax.training import optim
+  model = _gemma()
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  abstract = nnx.state(model, nnx.Param)
+  grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(p.size), p.shape, p.dtype), params)
+  base = optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+  rows = (5, 100)
+  plain, scaled = (optim.make_optimizer(base if s == 1 else optim.OptimizerConfig(
+      **{**vars(base), 'vocab_rows': rows, 'vocab_rows_lr_scale': s}), abstract) for s in (1, 30.0))
+  for _ in range(2):  # a second step: the multiplier holds with Adam's moments under way
+    u_plain, plain_state = plain.update(grads, plain.init(params) if _ == 0 else plain_state, params)
+    u_scaled, scaled_state = scaled.update(grads, scaled.init(params) if _ == 0 else scaled_state, params)
+  table_plain, table_scaled = (np.asarray(u['embedder']['embedding']) for u in (u_plain, u_scaled))
+  np.testing.assert_allclose(table_scaled[list(rows)], 30.0 * table_plain[list(rows)], rtol=1e-6)
+  others = np.setdiff1d(np.arange(VOCAB), rows)
+  np.testing.assert_array_equal(table_scaled[others], table_plain[others])
+  for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(u_plain), jax.tree_util.tree_leaves_with_path(u_scaled)):
+    if 'embedder' not in jax.tree_util.keystr(path):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_finetune_with_new_token_rows_frozen_leaves_them_and_trains_the_rest(tmp_path):
+  """Through the shared path: scale 0 keeps the new rows exactly; the summary records the setting."""
+  tok = char_tokenizer(VOCAB)
+  config = _config(steps=2)
+  model = _gemma()
+  before = np.asarray(model.embedder.embedding[...])
+  new = tuple(tok.convert_tokens_to_ids(['<', '>']))  # rows the batch's text uses: they get gradients
+  other = tok.convert_tokens_to_ids('a')
+  summary, trained = finetune.finetune(config, config.filter, model, tok, KI, [], seed=0, directory=str(tmp_path),
+                                       export=lambda m: None, objective=objectives.knowledge_injection(),
+                                       new_tokens=new, new_token_lr_scale=0.0)
+  after = np.asarray(trained.embedder.embedding[...])
+  np.testing.assert_array_equal(after[list(new)], before[list(new)])
+  assert np.abs(after[other] - before[other]).max() > 1e-4
+  assert summary['new_token_lr_scale'] == {'tokens': list(new), 'scale': 0.0}

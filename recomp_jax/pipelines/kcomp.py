@@ -87,6 +87,8 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'enc
     Field('kcomp.bm25_b', 0.4, 'BM25 b (Pyserini)', minimum=0.0),
     Field('kcomp.variant', 'paper', "'paper': loss on knowledge and summary, <eom>; 'released': the released "
           'code (loss on the whole sequence, prompt included; <eod>)', choices=('paper', 'released')),
+    Field('kcomp.new_token_lr_scale', 1.0, "beyond the paper: the <ent>/<eom> embedding rows' updates times this "
+          '(1 = the paper; a mean-initialised row barely moves at a fine-tuning rate)', minimum=0.0),
     Field('kcomp.entities', 'gazetteer', "question entities: corpus-title 'gazetteer' or the paper's 'spacy' "
           '(ScispaCy) finder, both kept only when they name a corpus title', choices=('gazetteer', 'spacy')),
     Field('kcomp.spacy_model', 'en_core_sci_sm', 'the spaCy / ScispaCy model', read_when=('kcomp.entities', ('spacy',))),
@@ -311,7 +313,7 @@ def stage_train(config, runner: StageRunner, seed: int, directory: str, *, knowl
     return train, dev
 
   def prepare(pretrained, tokenizer):
-    add_special_tokens(pretrained, tokenizer, (ENT, eom(config)))
+    return add_special_tokens(pretrained, tokenizer, (ENT, eom(config)))
 
   section = config.compressor
   if knowledge and config.kcomp.variant == 'released':
@@ -321,7 +323,7 @@ def stage_train(config, runner: StageRunner, seed: int, directory: str, *, knowl
   summary = finetune.finetune_pretrained(
       config, section, examples, seed=seed, directory=directory, best_name='compressor_best',
       objective=objectives.knowledge_injection() if knowledge else objectives.prompt_target(),
-      prepare=prepare if knowledge else None)
+      prepare=prepare if knowledge else None, new_token_lr_scale=config.kcomp.new_token_lr_scale)
   return {**summary, 'documents_cut': cut}
 
 
@@ -475,6 +477,8 @@ def run(config, workdir: str) -> dict | None:
         inputs = {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed}
         if name == 'kcomp':
           inputs['variant'] = k['variant']
+          if k['new_token_lr_scale'] != 1.0:  # (absent at 1: runs made before the field keep their stages)
+            inputs['new_token_lr_scale'] = k['new_token_lr_scale']
         summaries[stage] = runner.run(
             stage, inputs, lambda d, seed=seed, name=name: stage_train(config, runner, seed, d, knowledge=name == 'kcomp'),
             deps=('knowledge', 'targets'), code=TRAIN_CODE, resumable=True)

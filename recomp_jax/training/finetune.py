@@ -41,7 +41,8 @@ from recomp_jax import stages
 def finetune(config, section, model, tokenizer, train: Sequence[tuple], dev: Sequence[tuple],
              *, seed: int, directory: str, export: Callable,
              probe: Callable[[object], dict] | None = None,
-             objective: objectives.Objective | None = None) -> tuple[dict, object]:
+             objective: objectives.Objective | None = None,
+             new_tokens: Sequence[int] = (), new_token_lr_scale: float = 1.0) -> tuple[dict, object]:
   """Fine-tunes ``model`` on ``objective``'s examples; ``export(model)`` saves each new best.
 
   ``objective`` (:mod:`recomp_jax.training.objectives`) says what an example is and which
@@ -59,7 +60,9 @@ def finetune(config, section, model, tokenizer, train: Sequence[tuple], dev: Seq
   (token mean), evaluated every ``train.eval_every`` steps and at the end. ``probe(model)``,
   when given, adds monitoring metrics to each evaluation (the reader's EM / F1 on a few dev
   questions, :mod:`recomp_jax.evaluation.probe`); it never selects the checkpoint.
-  ``model``'s arrays are donated to the training step: use the returned model.
+  ``model``'s arrays are donated to the training step: use the returned model. The updates of
+  ``new_tokens``' embedding rows (tokens added to the vocabulary) are multiplied by
+  ``new_token_lr_scale`` (:func:`recomp_jax.training.optim.scale_vocab_rows`).
 
   Returns:
     ``(summary, trained model)``.
@@ -128,6 +131,9 @@ def finetune(config, section, model, tokenizer, train: Sequence[tuple], dev: Seq
                     'schedule': t.schedule, 'weight_decay': t.weight_decay,
                     'clip_grad_norm': t.clip_grad_norm, 'grad_accum_steps': batch_size // micro},
   }
+  if new_tokens and new_token_lr_scale != 1.0:
+    train_config['optimizer'].update(vocab_rows=tuple(int(i) for i in new_tokens),
+                                     vocab_rows_lr_scale=float(new_token_lr_scale))
   try:
     result = train_lib.train(train_config, model, loss_fn, train_lib.ArrayIterator(arrays, batch_size, seed=seed),
                              eval_fn if dev else None, workdir=directory, mesh=mesh)
@@ -141,6 +147,8 @@ def finetune(config, section, model, tokenizer, train: Sequence[tuple], dev: Seq
              'microbatch': micro, 'seed': seed, 'sequence_length': int(arrays['input_ids'].shape[-1]),
              'truncation': {'train': vars(report), 'dev': vars(dev_report)}, 'best': best,
              'evaluations': _by_step(evaluations.records), 'final_metrics': result.metrics}
+  if new_tokens and new_token_lr_scale != 1.0:
+    summary['new_token_lr_scale'] = {'tokens': [int(i) for i in new_tokens], 'scale': float(new_token_lr_scale)}
   return summary, result.state.model()
 
 
@@ -219,18 +227,18 @@ def load_section_model(section, *, fresh_tokenizer: bool = False):
 def finetune_pretrained(config, section, pairs: Callable, *, seed: int, directory: str,
                         best_name: str, probe: Callable | None = None,
                         objective: objectives.Objective | None = None,
-                        prepare: Callable | None = None) -> dict:
+                        prepare: Callable | None = None, new_token_lr_scale: float = 1.0) -> dict:
   """Loads ``section.model``, fine-tunes it on ``pairs(tokenizer) -> (train, dev)`` and exports
   the checkpoint with the best dev loss to ``{directory}/{best_name}`` (with no dev pairs:
   the final model). ``probe(tokenizer)``, when given, returns the monitoring function
   ``model -> metrics`` of :func:`finetune`. ``prepare(pretrained, tokenizer)``, when given,
   changes the loaded model and tokenizer before training (K-COMP adds its special tokens,
-  :func:`recomp_jax.pretrained.special_tokens.add_special_tokens`); the export then writes
-  that tokenizer. Returns the training summary."""
+  :func:`recomp_jax.pretrained.special_tokens.add_special_tokens`) and may return the ids of the
+  tokens it added, whose embedding rows then learn at ``new_token_lr_scale`` times the rate; the
+  export writes that tokenizer. Returns the training summary."""
   from recomp_jax.pretrained import Pretrained, export_pretrained  # pylint: disable=import-outside-toplevel
   pretrained, tokenizer = load_section_model(section, fresh_tokenizer=prepare is not None)
-  if prepare is not None:
-    prepare(pretrained, tokenizer)
+  new_tokens = tuple(prepare(pretrained, tokenizer) or ()) if prepare is not None else ()
   train, dev = pairs(tokenizer)
   if not train:
     raise ValueError(f'no training pairs for {directory}')
@@ -243,7 +251,8 @@ def finetune_pretrained(config, section, pairs: Callable, *, seed: int, director
 
   summary, trained = finetune(config, section, pretrained.model, tokenizer, train, dev, seed=seed,
                               directory=directory, export=export,
-                              probe=probe(tokenizer) if probe is not None else None, objective=objective)
+                              probe=probe(tokenizer) if probe is not None else None, objective=objective,
+                              new_tokens=new_tokens, new_token_lr_scale=new_token_lr_scale)
   # Process 0's answer for all: exporting is a collective (sharded parameters are gathered).
   if not sharding.broadcast_from_main(os.path.exists(os.path.join(best_dir, 'config.json'))):
     export(trained)

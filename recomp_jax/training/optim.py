@@ -39,6 +39,10 @@ class OptimizerConfig:
     clip_grad_norm: global-norm clipping threshold; ``None`` or 0 disables it.
     grad_accum_steps: microbatches per update (the step's batch is split).
     mu_dtype: dtype of Adam's first moment (``None``: the parameter dtype).
+    vocab_rows: token ids whose parameters' updates are multiplied by ``vocab_rows_lr_scale``: the
+      entries at those indices of every parameter with a ``'vocab'`` logical axis (the embedding
+      table's rows, an untied head's columns). For tokens added to a pretrained vocabulary.
+    vocab_rows_lr_scale: the multiplier (1: plain AdamW; 0 freezes those rows).
   """
   learning_rate: float = 1e-4
   warmup_steps: int = 1000
@@ -52,8 +56,13 @@ class OptimizerConfig:
   clip_grad_norm: float | None = 1.0
   grad_accum_steps: int = 1
   mu_dtype: str | None = None
+  vocab_rows: tuple[int, ...] = ()
+  vocab_rows_lr_scale: float = 1.0
 
   def __post_init__(self):
+    object.__setattr__(self, 'vocab_rows', tuple(int(i) for i in self.vocab_rows))
+    if self.vocab_rows_lr_scale < 0:
+      raise ValueError(f'vocab_rows_lr_scale must be >= 0, got {self.vocab_rows_lr_scale}')
     if self.schedule not in SCHEDULES:
       raise ValueError(f'unknown schedule {self.schedule!r}; known: {SCHEDULES}')
     if self.grad_accum_steps < 1:
@@ -121,11 +130,50 @@ def weight_decay_mask(params: nnx.State) -> dict:
   return nnx.to_pure_dict(nnx.from_flat_state(flat))
 
 
+def vocab_axes(params: nnx.State) -> dict:
+  """Pure-dict tree matching ``nnx.to_pure_dict(params)``: the index of each parameter's
+  ``'vocab'`` logical axis, ``-1`` where it has none."""
+  def axis(variable: nnx.Variable) -> int:
+    axes = tuple(variable.get_metadata().get('out_sharding') or ())
+    return axes.index('vocab') if 'vocab' in axes else -1
+  flat = [(path, axis(variable)) for path, variable in nnx.to_flat_state(params)]
+  return nnx.to_pure_dict(nnx.from_flat_state(flat))
+
+
+def scale_vocab_rows(axes: Any, rows: tuple[int, ...], scale: float) -> optax.GradientTransformation:
+  """Multiplies the updates of token ``rows`` along each parameter's vocab axis by ``scale``.
+
+  Adam's step size does not depend on the gradient's size, so a new token's embedding row
+  moves by about the learning rate per step like every other entry: from the mean embedding
+  that :func:`recomp_jax.pretrained.special_tokens.add_special_tokens` starts it at, a few hundred
+  steps at a fine-tuning rate leave it near the mean and the model rarely writes it. Scaling its
+  updates gives the new rows their own learning rate and leaves the pretrained ones as they are.
+  Stateless, so checkpoints keep their layout. ``axes``: :func:`vocab_axes` of the parameters.
+  """
+  index = jnp.asarray(rows, jnp.int32)
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def scaled(update, axis):
+      if axis < 0:
+        return update
+      factor = jnp.ones((update.shape[axis],), update.dtype).at[index].set(jnp.asarray(scale, update.dtype))
+      shape = [1] * update.ndim
+      shape[axis] = update.shape[axis]
+      return update * factor.reshape(shape)
+
+    return jax.tree.map(scaled, updates, axes), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(config: OptimizerConfig, params: nnx.State,
                    total_steps: int | None = None) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW with the schedule and the weight-decay mask.
+  """Global-norm clipping, then AdamW with the schedule and the weight-decay mask, then the
+  new-token rows' multiplier when ``config.vocab_rows`` is set (:func:`scale_vocab_rows`).
 
-  ``params``: the model's ``nnx.Param`` state (abstract is fine), used for the mask.
+  ``params``: the model's ``nnx.Param`` state (abstract is fine), used for the masks.
   """
   schedule = learning_rate_schedule(config, total_steps)
   parts = []
@@ -134,6 +182,8 @@ def make_optimizer(config: OptimizerConfig, params: nnx.State,
   parts.append(optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
                            weight_decay=config.weight_decay, mask=weight_decay_mask(params),
                            mu_dtype=jnp.dtype(config.mu_dtype) if config.mu_dtype else None))
+  if config.vocab_rows and config.vocab_rows_lr_scale != 1.0:
+    parts.append(scale_vocab_rows(vocab_axes(params), config.vocab_rows, config.vocab_rows_lr_scale))
   return optax.chain(*parts)
 
 
