@@ -1,4 +1,4 @@
-"""Shared test set-up: offline hub, float32 matmuls, and the real-weight fixtures.
+"""Shared test set-up: offline hub, float32 matmuls, XLA:CPU at -O0, and the real-weight fixtures.
 
 Real-weight models are loaded once per session and shared across test files.
 """
@@ -8,6 +8,13 @@ import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+# XLA:CPU's LLVM back end at -O0 (the HLO passes, and so the programs' arithmetic, are unchanged):
+# the suite compiles thousands of small programs and runs each a few times, so compiling is most
+# of its time, and -O0 roughly halves it, while matmul-bound steps (library calls) barely slow.
+# Child processes (pipelines, notebooks, fake-device runs) inherit it; benchmarks and runs keep
+# XLA's default. An XLA_FLAGS that already names a level is left as it is.
+if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
 
