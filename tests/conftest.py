@@ -40,21 +40,18 @@ def _drop_compiled_functions_after_each_module():
 
 # --- Two pytest-xdist workers (scripts/test.sh) -------------------------------------------------
 # Each test file is one unit of work, so its module fixtures are built once. Tests marked
-# ``end_to_end`` (a whole pipeline: real or shallow Gemma 3 270M readers, a model server, child
-# processes) form two lanes instead, one per worker, each run one test after another and sent
-# first because they are the longest units: the quickstart notebook (the one real-model pipeline)
-# with the tiny-model pipelines, and the shallow-reader pipelines (``SHALLOW_LANE``). So at most two
-# pipelines run side by side (each peaks near 6 GB of the 24). Tests marked ``alone`` are left out
-# of the parallel run and run afterwards with nothing beside them.
+# ``end_to_end`` (a whole pipeline: real Gemma 3 270M fine-tunes, a model server, child processes)
+# are one unit together instead: they run one after another on one worker, never two side by side
+# in 24 GB, and that unit is sent first because it is the longest. Tests marked ``alone`` are left
+# out of the parallel run and run afterwards with nothing beside them.
 
 END_TO_END = 'end_to_end'
-SHALLOW_LANE = ('tests/test_color_pipeline.py', 'tests/test_kcomp_pipeline.py', 'tests/test_lm_task.py')
 SLOW = 'slow'
 
 
 def pytest_configure(config):
   config.addinivalue_line('markers', f'{END_TO_END}: a whole pipeline run; under pytest-xdist these '
-                          'tests run one after another in two lanes, one per worker')
+                          'tests share one worker and run one after another')
   config.addinivalue_line('markers', 'alone: needs the machine to itself (memory, page-fault counts, '
                           'timeouts); scripts/test.sh runs these after the parallel tests')
   config.addinivalue_line('markers', f'{SLOW}: the slow tier (real-model pipelines, the other multi-host runs, '
@@ -67,11 +64,7 @@ def pytest_collection_modifyitems(config, items):
   if not getattr(config.option, 'loadgroup', False) and getattr(config.option, 'dist', 'no') != 'loadgroup':
     return
   for item in items:
-    path = item.nodeid.split('::')[0]
-    if item.get_closest_marker(END_TO_END):
-      group = f'{END_TO_END}_shallow' if path in SHALLOW_LANE else END_TO_END
-    else:
-      group = path
+    group = END_TO_END if item.get_closest_marker(END_TO_END) else item.nodeid.split('::')[0]
     item.add_marker(pytest.mark.xdist_group(group))
   items.sort(key=lambda item: item.get_closest_marker(END_TO_END) is None)
 

@@ -6,7 +6,6 @@ matching our JAX encoder) therefore run here too.
 """
 
 import json
-import os
 import pathlib
 
 import pytest
@@ -67,10 +66,6 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
   workdir = tmp_path / 'work'
   output = tmp_path / path.name
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')  # the kernel inherits it: no network in CI
-  # The notebooks run real models, whose steps XLA's default back end runs faster than the -O0 that
-  # tests/conftest.py sets for the suite's small programs: the kernel gets the default, as users do.
-  monkeypatch.setenv('XLA_FLAGS', ' '.join(f for f in os.environ.get('XLA_FLAGS', '').split()
-                                           if not f.startswith('--xla_backend_optimization_level')))
   papermill.execute_notebook(str(path), str(output), cwd=str(path.parent),
                              parameters={**PARAMETERS[path.name], 'WORKDIR': str(workdir),
                                          **_extra_parameters(path.name)},
