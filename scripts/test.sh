@@ -34,8 +34,8 @@ xla_cache="$(mktemp -d -t recomp_jax_xla_cache.XXXXXX)"
 trap 'rm -rf "$xla_cache"' EXIT
 export JAX_COMPILATION_CACHE_DIR="$xla_cache" JAX_COMPILATION_CACHE_MAX_SIZE=$((4 << 30))
 # Two workers (2 CPU cores): each test file is one unit; the tests marked end_to_end (whole
-# pipelines, the quickstart notebook among them) run one after another on one worker, never
-# side by side, and start first (tests/conftest.py).
+# pipelines, the quickstart notebook among them) run one after another on one worker and start
+# first, but for the tiny-model pipelines that the other worker runs beside them (tests/conftest.py).
 # --durations: the slowest tests, so that the tier's time can be watched run by run.
 # pytest exits 5 when a selection holds no test: that is not a failure here.
 status=0

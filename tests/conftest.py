@@ -40,12 +40,15 @@ def _drop_compiled_functions_after_each_module():
 
 # --- Two pytest-xdist workers (scripts/test.sh) -------------------------------------------------
 # Each test file is one unit of work, so its module fixtures are built once. Tests marked
-# ``end_to_end`` (a whole pipeline: real Gemma 3 270M fine-tunes, a model server, child processes)
-# are one unit together instead: they run one after another on one worker, never two side by side
-# in 24 GB, and that unit is sent first because it is the longest. Tests marked ``alone`` are left
-# out of the parallel run and run afterwards with nothing beside them.
+# ``end_to_end`` (a whole pipeline: real or shallow Gemma 3 270M readers, a model server, child
+# processes) are one unit together instead, the lane: they run one after another on one worker,
+# and that unit is sent first because it is the longest. The pipelines of tiny models alone
+# (``OWN_UNIT``: mostly compiling, under 3 GB) are units of their own file, sent next, so the
+# other worker runs them beside the lane. Tests marked ``alone`` are left out of the parallel run
+# and run afterwards with nothing beside them.
 
 END_TO_END = 'end_to_end'
+OWN_UNIT = ('tests/test_abstractive_pipeline.py', 'tests/test_filco_pipeline.py')
 SLOW = 'slow'
 
 
@@ -64,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
   if not getattr(config.option, 'loadgroup', False) and getattr(config.option, 'dist', 'no') != 'loadgroup':
     return
   for item in items:
-    group = END_TO_END if item.get_closest_marker(END_TO_END) else item.nodeid.split('::')[0]
+    path = item.nodeid.split('::')[0]
+    group = END_TO_END if item.get_closest_marker(END_TO_END) and path not in OWN_UNIT else path
     item.add_marker(pytest.mark.xdist_group(group))
   items.sort(key=lambda item: item.get_closest_marker(END_TO_END) is None)
 
