@@ -13,6 +13,8 @@ import pytest
 
 from recomp_jax import load_compressor
 from recomp_jax.compressors import color
+from recomp_jax.data import lclm as lclm_data
+from recomp_jax.data.schema import Passage
 from recomp_jax.evaluation import report
 from recomp_jax.pipelines import color as pipeline
 from recomp_jax.pipelines import runner
@@ -144,3 +146,27 @@ def test_corpus_prompt_and_parsing():
   assert 'query: q1\nThe following documents can help answer the query:\nID: 2 | TITLE: C\n' in text
   assert lclm.parse_ids('ID: 2 | TITLE: C\nID: 7 | TITLE: ?\nID: 2 | x', 3) == ([2], 1)
   assert lclm.f1_at_k([1, 4], [1, 2], 2) == pytest.approx(0.5) and lclm.recall_at_1([], [0]) == 0.0
+
+
+def test_label_corpora_gold_spread_or_last():
+  pool = [Passage(f'p{i}', f't{i}', 'x ' * (5 + i % 7)) for i in range(60)]
+  queries = [lclm_data.Query(f'q{k}', f'query {k}', (Passage('', f'gold{k}', f'gold text {k}'),), ()) for k in range(4)]
+  shots = [lclm_data.Query('s', 'shot', (Passage('', 'shotgold', 'shot text'),), ())]
+  count = lambda p: len(p.text.split()) + 4  # noqa: E731
+  for gold_at in ('spread', 'end'):
+    groups = lclm_data.build_groups(queries, shots, pool, split='train', queries_per_group=2, budget_tokens=80,
+                                    count_tokens=count, seed=3, gold_at=gold_at)
+    assert len(groups) == 2
+    for g in groups:
+      n = len(g.corpus)
+      assert sum(count(p) for p in g.corpus) <= 80 and n > 6
+      positions = sorted(p for gold in g.gold for p in gold)
+      assert {g.corpus[p].title for p in positions} == {f'gold{q[1:]}' for q in g.queries}
+      if gold_at == 'end':
+        assert positions == [n - 2, n - 1]
+      else:
+        assert positions == [int(0.25 * n), int(0.75 * n)]
+      assert g.corpus[g.shot_gold[0][0]].title == 'shotgold'
+  with pytest.raises(ValueError, match='gold_at'):
+    lclm_data.build_groups(queries, shots, pool, split='train', queries_per_group=2, budget_tokens=80,
+                           count_tokens=count, seed=3, gold_at='middle')

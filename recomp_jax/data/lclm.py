@@ -99,18 +99,22 @@ def _key(p: Passage) -> tuple[str, str]:
 
 def build_groups(queries: Sequence[Query], shots: Sequence[Query], pool: Sequence[Passage], *, split: str,
                  queries_per_group: int, budget_tokens: int, count_tokens: Callable[[Passage], int],
-                 seed: int) -> list[Group]:
+                 seed: int, gold_at: str = 'spread') -> list[Group]:
   """Cuts ``queries`` (in order) into groups of ``queries_per_group`` and builds each corpus.
 
   Each corpus holds, in this order of priority: the group's gold passages, the shots' gold
   passages, then round-robin over the queries their BM25 neighbours, then random ``pool``
   passages, while the corpus stays within ``budget_tokens`` (``count_tokens`` per entry, the
   prompt's formatting included). Passages are distinct by (title, text). The distractors are
-  shuffled (seeded) and the group's gold passages placed at evenly spaced positions.
+  shuffled (seeded) and the group's gold passages placed at evenly spaced positions
+  (``gold_at='spread'``) or, in seeded order, as the corpus's last entries (``gold_at='end'``:
+  a label corpus whose substituted passage is last re-encodes only that entry and what follows).
 
   Raises:
     ValueError: when the gold passages alone exceed the budget (a clear message with both sizes).
   """
+  if gold_at not in ('spread', 'end'):
+    raise ValueError(f"gold_at must be 'spread' or 'end', got {gold_at!r}")
   rng = np.random.default_rng(seed)
   groups = []
   for k in range(0, len(queries), queries_per_group):
@@ -158,7 +162,10 @@ def build_groups(queries: Sequence[Query], shots: Sequence[Query], pool: Sequenc
     order = rng.permutation(len(others))
     others = [others[int(i)] for i in order]
     n = len(others) + len(gold_passages)
-    gold_slots = [int((j + 0.5) * n / len(gold_passages)) for j in range(len(gold_passages))]
+    if gold_at == 'end':
+      gold_slots = list(range(n - len(gold_passages), n))
+    else:
+      gold_slots = [int((j + 0.5) * n / len(gold_passages)) for j in range(len(gold_passages))]
     placed = rng.permutation(len(gold_passages))
     corpus: list[Passage | None] = [None] * n
     for slot, j in zip(gold_slots, placed):

@@ -83,6 +83,9 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
     Field('color.budget_tokens', 8192, 'raw tokens of a test corpus (LOFT: 128k)', minimum=64),
     Field('color.label_queries_per_group', 4, 'train / dev queries sharing one label corpus', minimum=1),
     Field('color.label_budget_tokens', 2048, 'raw tokens of a label corpus', minimum=64),
+    Field('color.label_gold_at', 'spread', "where a label corpus's gold passages sit: 'spread' (evenly, as in the "
+          "test corpora) or 'end' (its last entries: a candidate then re-encodes only itself, the few-shot "
+          "examples and the query; beyond the paper)", choices=('spread', 'end')),
     Field('color.max_context', 32768, "the reader's context; a corpus prompt over it is an error", minimum=64),
     Field('color.teacher_temperatures', (0.0, 0.7, 1.0), 'teacher sampling temperatures of the candidates '
           '(one sample each; 0.0 is also the zero-shot row)', element=float),
@@ -184,7 +187,7 @@ def stage_data(config, resources, directory: str) -> dict:
         members, shots, pool, split=split,
         queries_per_group=c.queries_per_group if test_split else c.label_queries_per_group,
         budget_tokens=c.budget_tokens if test_split else c.label_budget_tokens, count_tokens=count,
-        seed=config.seed + k)
+        seed=config.seed + k, gold_at='spread' if test_split else c.label_gold_at)
     with open(os.path.join(directory, f'groups_{split}.jsonl'), 'w', encoding='utf-8') as f:
       for g in groups:
         f.write(json.dumps(g.to_dict(), ensure_ascii=False) + '\n')
@@ -514,7 +517,8 @@ def run(config, workdir: str) -> dict | None:
   c = cfg['color']
   trains = shared.trains(config)
   data_fields = ('train_path', 'test_path', 'corpus_path', 'max_train', 'max_dev', 'max_test', 'shots',
-                 'queries_per_group', 'budget_tokens', 'label_queries_per_group', 'label_budget_tokens')
+                 'queries_per_group', 'budget_tokens', 'label_queries_per_group', 'label_budget_tokens',
+                 'label_gold_at')
   summaries = {}
   summaries['data'] = runner.run(
       'data', {'color': {f: c[f] for f in data_fields}, 'seed': config.seed, 'trains': trains,
@@ -627,7 +631,9 @@ def notes(config, summaries: dict) -> list[str]:
   if 'labels' in summaries:
     for split in ('train', 'dev'):
       s = summaries['labels'][split]
-      out.append(f"Labels ({split}): {s['queries']} queries in label corpora of {c.label_budget_tokens} tokens; the "
+      where = 'spread out' if c.label_gold_at == 'spread' else 'last'
+      out.append(f"Labels ({split}): {s['queries']} queries in label corpora of {c.label_budget_tokens} tokens "
+                 f"(gold passages {where}); the "
                  f"raw passage is ranked first for {s['raw_success']}; {s['with_a_success']} have a successful "
                  f"candidate ({s['successes']} of {s['candidates']} candidates succeed).")
   for name in TRAINED:
