@@ -430,7 +430,7 @@ def test_bad_jsonl_line_names_file_line_and_field(tmp_path, tiny_models):
 # The ci preset at a reduced size with MiniLM and the real Gemma 3 270M. The quickstart notebook
 # runs it end to end (tests/test_notebooks.py passes these flags) and then calls
 # check_real_model_ci_run on its workdir: the pipeline runs once, for both tests.
-REAL_MODEL_CI_FLAGS = {'data.demo_train': 16, 'data.demo_dev': 4, 'data.demo_test': 8, 'train.num_steps': 2,
+REAL_MODEL_CI_FLAGS = {'data.demo_train': 8, 'data.demo_dev': 4, 'data.demo_test': 8, 'train.num_steps': 2,
                        'train.batch_size': 8,
                        'eval.rows': ('none', 'top1', 'top5', 'offtheshelf_sentence', 'trained', 'oracle_ll',
                                      'oracle_em')}
