@@ -13,8 +13,9 @@ and resumable in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.stages`):
    (beyond the paper, ``kcomp.targets=reader_sentence``) or Table 6's teacher summary
    (``kcomp.targets=teacher``, any OpenAI-compatible endpoint; offline our own server);
 4. ``train_ft_seed<s>``: FT, the paper's key baseline: the same model fine-tuned on the summaries
-   alone (trained when the ``ft`` row is requested); ``train_kcomp_seed<s>``: K-COMP with ``<ent>`` / ``<eom>`` and the knowledge-injection
-   loss (:func:`recomp_jax.training.objectives.knowledge_injection`);
+   alone (trained when the ``ft`` row is requested); ``train_kcomp_seed<s>``: K-COMP with
+   ``<ent>`` / ``<eom>`` and the knowledge-injection loss
+   (:func:`recomp_jax.training.objectives.knowledge_injection`);
 5. ``evaluate``: rows (Tables 2, 3, 5) read by the reader writing a long-form answer, scored by
    BERTScore F1 (our Flax BERT, :mod:`recomp_jax.evaluation.bertscore`) and ROUGE-L
    (``rouge-score``) against the reference answer, with the compressor's and the reader's seconds
@@ -471,8 +472,8 @@ def run(config, workdir: str) -> dict | None:
         code=TARGET_CODE, resumable=True, collective=k['targets'] == 'reader_sentence')
     from recomp_jax.training.finetune import finetune_inputs  # pylint: disable=import-outside-toplevel
     train_fields, compressor_fields = finetune_inputs(config, 'compressor')
-    # FT is an ablation row: trained only when a requested row reads it (K-COMP is the export).
-    for name in [n for n in ('ft', 'kcomp') if n == 'kcomp' or n in requested_rows(config)]:
+    # FT is an ablation row: trained only when it is requested (K-COMP is the export).
+    for name in ('ft', 'kcomp') if 'ft' in requested_rows(config) else ('kcomp',):
       for seed in config.train.seeds:
         stage = f'train_{name}_seed{seed}'
         inputs = {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed}
