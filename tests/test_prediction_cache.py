@@ -146,3 +146,74 @@ def test_run_resources_cache_in_the_workdir_unless_off(gemma_dirs, tmp_path):
   assert shared.Resources(config(shared_file), workdir).reader.prediction_cache.path == shared_file
   assert shared.Resources(config('off'), workdir).reader.prediction_cache is None
   assert shared.Resources(config(''), None).reader.prediction_cache is None
+
+
+def test_other_decoding_is_cached_apart_and_equals_fresh_decoding(gemma_dirs, tmp_path):
+  prompts = QUESTIONS[:4]
+  fresh, _ = _reader(gemma_dirs[0], None)
+  long_form = fresh.answer(prompts, stop_strings=('e',), postprocess=False)
+  raw = fresh.generator(prompts, max_new_tokens=6, stop_strings=('e',))
+  assert long_form == [t.strip() for t in raw]
+  default = fresh.answer(prompts)
+
+  reader, counter = _reader(gemma_dirs[0], str(tmp_path / 'cache.sqlite'))
+  assert reader.answer(prompts) == default
+  assert reader.answer(prompts, stop_strings=('e',), postprocess=False) == long_form
+  assert counter.calls == [prompts, prompts]  # the variant did not read the default's answers
+  assert reader.answer(prompts, stop_strings=('e',), postprocess=False) == long_form
+  assert reader.answer(prompts, stop_strings=('e',)) == fresh.answer(prompts, stop_strings=('e',))
+  assert len(counter.calls) == 3  # the repeat hit; post-processing is a variant of its own
+
+
+def test_exported_answers_seed_a_fresh_cache(gemma_dirs, tmp_path):
+  from recomp_jax.reader.prediction_cache import export_answers  # pylint: disable=import-outside-toplevel
+  prompts = QUESTIONS
+  first, _ = _reader(gemma_dirs[0], str(tmp_path / 'run1.sqlite'))
+  expected = first.answer(prompts)
+  long_form = first.answer(prompts[:2], stop_strings=('e',), postprocess=False)
+  out = str(tmp_path / 'answers.jsonl.gz')
+  assert export_answers(str(tmp_path / 'run1.sqlite'), out) == len(prompts) + 2
+  with open(out, 'rb') as f:
+    exported = f.read()
+  export_answers(str(tmp_path / 'run1.sqlite'), out)
+  with open(out, 'rb') as f:
+    assert f.read() == exported  # the same answers, the same bytes
+
+  second, counter = _reader(gemma_dirs[0], str(tmp_path / 'run2.sqlite'))
+  assert second.prediction_cache.seed(out) == {'read': len(prompts) + 2, 'added': len(prompts) + 2}
+  assert second.prediction_cache.seed(out)['added'] == 0
+  assert second.answer(prompts) == expected
+  assert second.answer(prompts[:2], stop_strings=('e',), postprocess=False) == long_form
+  assert counter.calls == []
+  other, counter = _reader(gemma_dirs[1], str(tmp_path / 'run3.sqlite'))
+  other.prediction_cache.seed(out)
+  other.answer(prompts)
+  assert counter.calls == [prompts]  # other weights never read the seeded answers
+
+  import gzip  # pylint: disable=import-outside-toplevel
+  bad = str(tmp_path / 'bad.jsonl.gz')
+  with gzip.open(bad, 'wt') as f:
+    f.write('{"reader": "k", "max_new_tokens": 6, "prompt_sha": "s", "answer": "a"}\n{"reader": "k"}\n')
+  with pytest.raises(ValueError, match=r'bad\.jsonl\.gz:2: .*prompt_sha'):
+    other.prediction_cache.seed(bad)
+
+
+def test_run_resources_read_seed_files(gemma_dirs, tmp_path):
+  from recomp_jax.reader.prediction_cache import export_answers  # pylint: disable=import-outside-toplevel
+  first, _ = _reader(gemma_dirs[0], str(tmp_path / 'run1.sqlite'))
+  expected = first.answer(QUESTIONS[:3])
+  out = str(tmp_path / 'answers.jsonl.gz')
+  export_answers(str(tmp_path / 'run1.sqlite'), out)
+  c = ml_collections.ConfigDict()
+  c.reader = ml_collections.ConfigDict({'model': gemma_dirs[0], 'score_batch_size': 4, 'generate_batch_size': 4,
+                                        'max_new_tokens': 6, 'prediction_cache': '', 'prediction_seed': (out,)})
+  workdir = str(tmp_path / 'run2')
+  os.makedirs(workdir)
+  reader = shared.Resources(c, workdir).reader
+  assert len(reader.prediction_cache) == 3
+  counter = _CountingGenerator(reader.generator)
+  reader._generator = counter  # pylint: disable=protected-access
+  assert reader.answer(QUESTIONS[:3]) == expected and counter.calls == []
+  c.reader.prediction_seed = (str(tmp_path / 'missing.jsonl.gz'),)
+  with pytest.raises(shared.PipelineError, match='missing.jsonl.gz: no such file'):
+    _ = shared.Resources(c, str(tmp_path)).reader

@@ -91,6 +91,9 @@ SHARED_FIELDS: tuple[Field, ...] = (
     Field('reader.questions_per_call', 8, 'questions whose candidates one log-likelihood call scores', minimum=1),
     Field('reader.prediction_cache', '', "greedy answers cached across stages and reruns: '' = "
           "{workdir}/reader_predictions.sqlite, a path (runs of one reader may share it), or 'off'"),
+    Field('reader.prediction_seed', (), 'answer files exported by earlier runs '
+          '(python -m recomp_jax.reader.prediction_cache) read into the cache first; only the same reader '
+          "weights and code hit", element=str),
     # optimisation
     Field('train.epochs', 3.0, 'training epochs', minimum=0.0),
     Field('train.num_steps', 0, '>0 overrides epochs', minimum=0),

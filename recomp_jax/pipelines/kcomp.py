@@ -332,10 +332,10 @@ def stage_train(config, runner: StageRunner, seed: int, directory: str, *, knowl
 
 
 def long_form_answers(reader, prompt_texts: Sequence[str], config) -> list[str]:
-  """The reader's greedy long-form answers (up to ``reader.max_new_tokens``, cut at ``kcomp.answer_stop``)."""
-  texts = reader.generator(list(prompt_texts), max_new_tokens=config.reader.max_new_tokens,
-                           stop_strings=tuple(config.kcomp.answer_stop))
-  return [t.strip() for t in texts]
+  """The reader's greedy long-form answers (up to ``reader.max_new_tokens``, cut at ``kcomp.answer_stop``),
+  through the run's prediction cache: a row's prompts no compressor changes are decoded once across reruns."""
+  return reader.answer(list(prompt_texts), max_new_tokens=config.reader.max_new_tokens,
+                       stop_strings=tuple(config.kcomp.answer_stop), postprocess=False)
 
 
 class Metrics:

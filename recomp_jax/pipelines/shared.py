@@ -24,6 +24,7 @@ import os
 from typing import Sequence
 
 import numpy as np
+from absl import logging
 
 from recomp_jax import sharding
 from recomp_jax.config_fields import Field
@@ -114,6 +115,11 @@ class Resources:
       path = self.prediction_cache_path()
       if path:
         self._reader.use_prediction_cache(path, model_fingerprint(r.model, 'reader'))
+        for seed in r.get('prediction_seed', ()):
+          if not os.path.exists(seed):
+            raise PipelineError(f'{seed}: no such file (reader.prediction_seed)')
+          counts = self._reader.prediction_cache.seed(seed)
+          logging.info('reader answers from %s: %d read, %d new to %s', seed, counts['read'], counts['added'], path)
     return self._reader
 
   def encoder(self, source: str | None = None):

@@ -12,7 +12,14 @@ weights and a prompt into an answer (:data:`READER_CODE`: the model zoo, the loa
 reader) and the stop strings; each answer also records its generation limit. A change to
 any of them misses, so a stale answer is never returned. :meth:`Reader.answer <recomp_jax.reader.Reader.answer>`
 looks prompts up, generates only the missing ones (each distinct prompt once) and stores
-them chunk by chunk, so a killed evaluation keeps what it generated.
+them chunk by chunk, so a killed evaluation keeps what it generated. A caller decoding with
+other stop strings or without the answer post-processing (K-COMP's long-form answers) names
+that as a *variant*, which keys its answers apart.
+
+:func:`export_answers` writes a cache's answers (prompt hashes and answers, no prompt text) to a
+JSONL.gz file that can be committed as a derived artefact; ``reader.prediction_seed`` reads such
+files into a run's cache before it starts, so a run on a fresh machine skips the prompts an earlier
+run decoded. Answers under another reader key (other weights or reader code) are never used.
 
 Greedy decoding is deterministic, but the batch a prompt is decoded in (its padding) could
 move a logit by float rounding and, rarely, flip a token; a cached answer is the one the
@@ -22,7 +29,9 @@ empty, decoded in other batches, gave the no-retrieval row's answers on all 293.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import sqlite3
 import threading
 from typing import Sequence
@@ -70,9 +79,14 @@ class PredictionCache:
     self.hits = 0
     self.misses = 0
 
-  def lookup(self, prompts: Sequence[str], max_new_tokens: int) -> list[str | None]:
-    """The cached answer of each prompt at this generation limit, ``None`` where there is none;
-    counts hits and misses."""
+  def variant_key(self, variant: str) -> str:
+    """The key of this reader's answers under another decoding ``variant`` ('' = the reader's own)."""
+    return self.key if not variant else _sha(f'{self.key}\0{variant}')
+
+  def lookup(self, prompts: Sequence[str], max_new_tokens: int, *, variant: str = '') -> list[str | None]:
+    """The cached answer of each prompt at this generation limit (and decoding ``variant``),
+    ``None`` where there is none; counts hits and misses."""
+    key = self.variant_key(variant)
     shas = [_sha(p) for p in prompts]
     found: dict[str, str] = {}
     with self._lock:
@@ -81,20 +95,46 @@ class PredictionCache:
         marks = ','.join('?' * len(chunk))
         query = ('SELECT prompt_sha, answer FROM answers WHERE reader = ? AND max_new_tokens = ? '
                  f'AND prompt_sha IN ({marks})')
-        found.update(self._db.execute(query, [self.key, int(max_new_tokens), *chunk]).fetchall())
+        found.update(self._db.execute(query, [key, int(max_new_tokens), *chunk]).fetchall())
     out = [found.get(s) for s in shas]
     hits = sum(a is not None for a in out)
     self.hits += hits
     self.misses += len(out) - hits
     return out
 
-  def store(self, prompts: Sequence[str], answers: Sequence[str], max_new_tokens: int) -> None:
+  def store(self, prompts: Sequence[str], answers: Sequence[str], max_new_tokens: int, *, variant: str = '') -> None:
     """Records ``answers[i]`` as the answer to ``prompts[i]`` at this limit (one transaction)."""
     if len(prompts) != len(answers):
       raise ValueError(f'{len(prompts)} prompts for {len(answers)} answers')
+    key = self.variant_key(variant)
     with self._lock, self._db:
       self._db.executemany('INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?)',
-                           [(self.key, int(max_new_tokens), _sha(p), a) for p, a in zip(prompts, answers)])
+                           [(key, int(max_new_tokens), _sha(p), a) for p, a in zip(prompts, answers)])
+
+  def seed(self, path: str) -> dict:
+    """Adds the answers of an :func:`export_answers` file that the cache lacks.
+
+    Returns:
+      ``{'read', 'added'}``: records in the file and those new to the cache (every reader key;
+      lookups only ever read this reader's own keys).
+
+    Raises:
+      ValueError: a record without its four fields (naming the file and line).
+    """
+    rows = []
+    with gzip.open(path, 'rt', encoding='utf-8') as f:
+      for line_number, line in enumerate(f, 1):
+        try:
+          r = json.loads(line)
+          rows.append((str(r['reader']), int(r['max_new_tokens']), str(r['prompt_sha']), str(r['answer'])))
+        except (ValueError, KeyError, TypeError) as e:
+          raise ValueError(f'{path}:{line_number}: not a prediction record ({type(e).__name__}: {e}); '
+                           "each line needs 'reader', 'max_new_tokens', 'prompt_sha' and 'answer'") from e
+    with self._lock, self._db:
+      before = self._db.total_changes
+      self._db.executemany('INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)', rows)
+      added = self._db.total_changes - before
+    return {'read': len(rows), 'added': added}
 
   def __len__(self) -> int:
     """Answers held for this reader key."""
@@ -105,4 +145,33 @@ class PredictionCache:
     self._db.close()
 
 
-__all__ = ['READER_CODE', 'PredictionCache', 'reader_key']
+def export_answers(db_path: str, out_path: str) -> int:
+  """Writes every answer of the sqlite cache ``db_path`` to ``out_path`` (JSONL.gz, one
+  ``{'reader', 'max_new_tokens', 'prompt_sha', 'answer'}`` per line, sorted); returns the count."""
+  db = sqlite3.connect(db_path)
+  try:
+    rows = db.execute('SELECT reader, max_new_tokens, prompt_sha, answer FROM answers '
+                      'ORDER BY reader, max_new_tokens, prompt_sha').fetchall()
+  finally:
+    db.close()
+  # mtime=0: the same answers give the same bytes, so a re-export does not show as a change.
+  with open(out_path, 'wb') as raw, gzip.GzipFile(fileobj=raw, mode='wb', mtime=0) as gz:
+    for reader, limit, sha, answer in rows:
+      gz.write((json.dumps({'reader': reader, 'max_new_tokens': limit, 'prompt_sha': sha, 'answer': answer},
+                           ensure_ascii=False) + '\n').encode('utf-8'))
+  return len(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """``python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz``: export a run's answers."""
+  import sys  # pylint: disable=import-outside-toplevel
+  args = list(sys.argv[1:] if argv is None else argv)
+  if len(args) != 2:
+    raise SystemExit('usage: python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz')
+  print(f'{export_answers(*args)} answers -> {args[1]}')
+
+
+__all__ = ['READER_CODE', 'PredictionCache', 'export_answers', 'reader_key']
+
+if __name__ == '__main__':
+  main()

@@ -16,6 +16,7 @@ The model class decides the path, like t5x's ``BaseModel.score_batch / predict_b
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -140,32 +141,44 @@ class Reader:
     bounds = np.cumsum([0] + [len(group) for group in outputs])
     return [np.asarray(scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
-  def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
+  def answer(self, prompt_texts: Sequence[str], *, max_new_tokens: int | None = None,
+             stop_strings: Sequence[str] | None = None, postprocess: bool = True) -> list[str]:
     """Greedy answers, cut at the first stop string and stripped (one per prompt).
+
+    Args:
+      prompt_texts: the prompts.
+      max_new_tokens: the generation limit (default: the reader's).
+      stop_strings: decoding stops at the first of these (default: the reader's).
+      postprocess: the short-answer clean-up of :func:`recomp_jax.reader.prompts.postprocess_answer`
+        (False: only stripped, e.g. a long-form answer).
 
     With a prediction cache (:meth:`use_prediction_cache`) cached prompts are not
     decoded again, each distinct missing prompt is decoded once, and new answers are stored
-    every :data:`CACHE_CHUNK` prompts.
+    every :data:`CACHE_CHUNK` prompts; other stop strings or no post-processing are cached apart.
     """
     if not prompt_texts:
       return []
     limit = max_new_tokens or self.max_new_tokens
+    stops = self.stop_strings if stop_strings is None else tuple(stop_strings)
     cache = self.prediction_cache
     if cache is None:
-      return self._generate_answers(list(prompt_texts), limit)
-    answers = cache.lookup(prompt_texts, limit)
+      return self._generate_answers(list(prompt_texts), limit, stops, postprocess)
+    own = stops == self.stop_strings and postprocess
+    variant = '' if own else json.dumps({'stop_strings': list(stops), 'postprocess': postprocess})
+    answers = cache.lookup(prompt_texts, limit, variant=variant)
     missing = list(dict.fromkeys(p for p, a in zip(prompt_texts, answers) if a is None))
     generated: dict[str, str] = {}
     for begin in range(0, len(missing), CACHE_CHUNK):
       chunk = missing[begin:begin + CACHE_CHUNK]
-      chunk_answers = self._generate_answers(chunk, limit)
-      cache.store(chunk, chunk_answers, limit)
+      chunk_answers = self._generate_answers(chunk, limit, stops, postprocess)
+      cache.store(chunk, chunk_answers, limit, variant=variant)
       generated.update(zip(chunk, chunk_answers))
     return [a if a is not None else generated[p] for p, a in zip(prompt_texts, answers)]
 
-  def _generate_answers(self, prompt_texts: list[str], max_new_tokens: int) -> list[str]:
-    texts = self.generator(prompt_texts, max_new_tokens=max_new_tokens, stop_strings=self.stop_strings)
-    return [prompts.postprocess_answer(t) for t in texts]
+  def _generate_answers(self, prompt_texts: list[str], max_new_tokens: int, stop_strings: tuple[str, ...],
+                        postprocess: bool) -> list[str]:
+    texts = self.generator(prompt_texts, max_new_tokens=max_new_tokens, stop_strings=stop_strings)
+    return [prompts.postprocess_answer(t) if postprocess else t.strip() for t in texts]
 
   def use_prediction_cache(self, path: str, weights: dict) -> None:
     """Keeps greedy answers in the sqlite file ``path`` (:mod:`recomp_jax.reader.prediction_cache`).
