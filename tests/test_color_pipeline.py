@@ -88,6 +88,13 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
       assert chosen.tokens == min(c.tokens for c in cands if c.success)
   assert counts.queries == 6 == counts.no_success + counts.no_rejected + with_pairs
   assert results['stages']['train_color_seed0']['pairs']['train']['pairs'] == counts.pairs
+  # color.success=no_worse keeps every first-rank success and counts as the labels stage reports.
+  lenient = pipeline.labelled_candidates(runs, 'train', tokenizer, 'no_worse')
+  for (_, first), (_, other) in zip(pipeline.labelled_candidates(runs, 'train', tokenizer), lenient):
+    assert all(b.success for a, b in zip(first, other) if a.success)
+  label_summary = results['stages']['labels']['train']
+  assert label_summary['no_worse']['successes'] == sum(c.success for _, cands in lenient for c in cands)
+  assert label_summary['no_worse']['successes'] >= label_summary['successes']
 
   # Per-query records: R@1 is the gold ranked first; the bootstrap delta is the paired mean.
   predictions = [json.loads(line) for line in open(os.path.join(config.workdir, 'predictions.jsonl'))]
@@ -170,3 +177,18 @@ def test_label_corpora_gold_spread_or_last():
   with pytest.raises(ValueError, match='gold_at'):
     lclm_data.build_groups(queries, shots, pool, split='train', queries_per_group=2, budget_tokens=80,
                            count_tokens=count, seed=3, gold_at='middle')
+
+
+def test_success_rules_from_gold_ranks():
+  # first: nothing above the gold (the paper); no_worse: no rank lost against the raw passage.
+  assert color.succeeded(0, 3) and not color.succeeded(1, 3)
+  assert color.succeeded(3, 3, 'no_worse') and color.succeeded(0, 3, 'no_worse')
+  assert not color.succeeded(4, 3, 'no_worse') and not color.succeeded(1, 0, 'no_worse')
+  with pytest.raises(ValueError, match='rule must be one of'):
+    color.succeeded(0, 0, 'top5')
+  # With the weak reader's ranks, no_worse gives the shortest no-loss candidate as the chosen one.
+  cands = [color.Candidate(t, s, n, color.succeeded(g, 2, 'no_worse'))
+           for t, s, n, g in (('a b c d', 'teacher@0.0', 4, 2), ('a', 'lead1', 1, 5), ('a b', 'lead2', 2, 1))]
+  counts = color.PairCounts()
+  pairs = color.preference_pairs(cands, counts)
+  assert [(w.source, r.source) for w, r in pairs] == [('lead2', 'teacher@0.0')] and counts.rejected_not_longer == 1

@@ -93,6 +93,9 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
     Field('color.orpo_lambda', 2.5, 'lambda of the odds-ratio term (App. A: 2.5)', minimum=0.0),
     Field('color.variant', 'paper', "'paper' or 'released' (pairs and length term of the released code)",
           choices=('paper', 'released')),
+    Field('color.success', 'first', "a candidate succeeds when the gold passage is ranked 'first' with it (the "
+          "paper) or, beyond the paper, 'no_worse' than with the raw passage (a reader that rarely ranks the gold "
+          'first labels almost nothing a success)', choices=color.SUCCESS_RULES),
     Field('color.greedy', True, 'also decide by greedy generation (the paper\'s rule) besides the ranking'),
     Field('color.answer_tokens', 16, 'greedy tokens per query', minimum=1),
     Field('color.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
@@ -302,15 +305,21 @@ def stage_labels(config, runner: StageRunner, resources, directory: str) -> dict
     records = out.records
     out.close()
     kept = [records[q] for g in load_groups(runner, split) for q in g.queries]
+    no_worse = [[color.succeeded(g, r['raw_gold_rank'], 'no_worse') for g in r['gold_rank']] for r in kept]
     summary[split] = {'queries': len(kept), 'raw_success': sum(r['raw_success'] for r in kept),
                       'with_a_success': sum(any(r['success']) for r in kept),
                       'candidates': sum(len(r['success']) for r in kept),
-                      'successes': sum(sum(r['success']) for r in kept)}
+                      'successes': sum(sum(r['success']) for r in kept),
+                      'no_worse': {'with_a_success': sum(any(s) for s in no_worse),
+                                   'successes': sum(sum(s) for s in no_worse)},
+                      'raw_gold_rank_mean': float(np.mean([r['raw_gold_rank'] for r in kept])) if kept else 0.0}
   return summary
 
 
-def labelled_candidates(runner: StageRunner, split: str, tokenizer) -> list[tuple[Passage, list[color.Candidate]]]:
-  """Per train / dev query its gold passage and labelled candidates (lengths in compressor tokens)."""
+def labelled_candidates(runner: StageRunner, split: str, tokenizer, rule: str = 'first'
+                        ) -> list[tuple[Passage, list[color.Candidate]]]:
+  """Per train / dev query its gold passage and labelled candidates (lengths in compressor tokens,
+  success by ``rule``: :func:`recomp_jax.compressors.color.succeeded`)."""
   candidates = read_records(os.path.join(runner.stage_dir('candidates'), f'{split}.jsonl'))
   labels = read_records(os.path.join(runner.stage_dir('labels'), f'{split}.jsonl'))
   out = []
@@ -318,8 +327,9 @@ def labelled_candidates(runner: StageRunner, split: str, tokenizer) -> list[tupl
     cands = candidates[qid]['candidates']
     texts = [c['text'] for c in cands]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)['input_ids']] if texts else []
-    out.append((passage, [color.Candidate(c['text'], c['source'], n, bool(s))
-                          for c, n, s in zip(cands, lengths, labels[qid]['success'])]))
+    raw = labels[qid]['raw_gold_rank']
+    out.append((passage, [color.Candidate(c['text'], c['source'], n, color.succeeded(g, raw, rule))
+                          for c, n, g in zip(cands, lengths, labels[qid]['gold_rank'])]))
   return out
 
 
@@ -329,7 +339,7 @@ def training_examples(config, runner: StageRunner, split: str, tokenizer, name: 
   counts = color.PairCounts()
   out = []
   variant = config.color.variant if name == 'color' else 'paper'
-  for passage, cands in labelled_candidates(runner, split, tokenizer):
+  for passage, cands in labelled_candidates(runner, split, tokenizer, config.color.success):
     prompt = color.compression_prompt(passage)
     pairs = color.preference_pairs(cands, counts, variant=variant)
     if name == 'sft':  # the chosen candidate alone, whether or not it has a rejected partner
@@ -547,6 +557,8 @@ def run(config, workdir: str) -> dict | None:
         stage = f'train_{name}_seed{seed}'
         inputs = {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed,
                   'objective': name}
+        if c['success'] != 'first':  # (absent for the paper's rule: earlier runs keep their stages)
+          inputs['success'] = c['success']
         if name != 'sft':
           inputs['orpo_lambda'] = c['orpo_lambda']
         if name == 'color':
@@ -634,8 +646,13 @@ def notes(config, summaries: dict) -> list[str]:
       where = 'spread out' if c.label_gold_at == 'spread' else 'last'
       out.append(f"Labels ({split}): {s['queries']} queries in label corpora of {c.label_budget_tokens} tokens "
                  f"(gold passages {where}); the "
-                 f"raw passage is ranked first for {s['raw_success']}; {s['with_a_success']} have a successful "
-                 f"candidate ({s['successes']} of {s['candidates']} candidates succeed).")
+                 f"raw passage is ranked first for {s['raw_success']}; {s['with_a_success']} have a "
+                 f"candidate with which the gold is first ({s['successes']} of {s['candidates']} candidates)"
+                 + (f"; {s['no_worse']['with_a_success']} one that costs the gold no rank ({s['no_worse']['successes']} "
+                    'candidates)' if 'no_worse' in s else '') + '.')
+  out.append(f"A candidate succeeds when the gold passage is ranked "
+             + ('first with it (the paper).' if c.success == 'first'
+                else 'no lower with it than with the raw passage (color.success=no_worse, beyond the paper).'))
   for name in TRAINED:
     stage = next((v for k, v in summaries.items() if k.startswith(f'train_{name}_seed')), None)
     if stage:
