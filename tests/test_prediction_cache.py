@@ -196,6 +196,10 @@ def test_exported_answers_seed_a_fresh_cache(gemma_dirs, tmp_path):
     f.write('{"reader": "k", "max_new_tokens": 6, "prompt_sha": "s", "answer": "a"}\n{"reader": "k"}\n')
   with pytest.raises(ValueError, match=r'bad\.jsonl\.gz:2: .*prompt_sha'):
     other.prediction_cache.seed(bad)
+  with gzip.open(bad, 'wt') as f:
+    f.write('{"reader": "k", "max_new_tokens": 6, "prompt_sha": "s", "answer": null}\n')
+  with pytest.raises(ValueError, match=r'bad\.jsonl\.gz:1: .*NoneType'):
+    other.prediction_cache.seed(bad)
 
 
 def test_run_resources_read_seed_files(gemma_dirs, tmp_path):
@@ -216,4 +220,17 @@ def test_run_resources_read_seed_files(gemma_dirs, tmp_path):
   assert reader.answer(QUESTIONS[:3]) == expected and counter.calls == []
   c.reader.prediction_seed = (str(tmp_path / 'missing.jsonl.gz'),)
   with pytest.raises(shared.PipelineError, match='missing.jsonl.gz: no such file'):
+    _ = shared.Resources(c, str(tmp_path)).reader
+
+
+def test_export_needs_an_existing_cache_and_seed_needs_a_cache(gemma_dirs, tmp_path):
+  from recomp_jax.reader.prediction_cache import export_answers  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match='no such prediction cache'):
+    export_answers(str(tmp_path / 'typo.sqlite'), str(tmp_path / 'out.jsonl.gz'))
+  assert not os.path.exists(tmp_path / 'typo.sqlite')  # nothing created by the failed export
+  c = ml_collections.ConfigDict()
+  c.reader = ml_collections.ConfigDict({'model': gemma_dirs[0], 'score_batch_size': 4, 'generate_batch_size': 4,
+                                        'max_new_tokens': 6, 'prediction_cache': 'off',
+                                        'prediction_seed': (str(tmp_path / 'answers.jsonl.gz'),)})
+  with pytest.raises(shared.PipelineError, match='keeps no prediction cache'):
     _ = shared.Resources(c, str(tmp_path)).reader

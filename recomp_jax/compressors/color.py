@@ -95,6 +95,7 @@ class PairCounts:
   no_success: int = 0
   no_rejected: int = 0
   rejected_not_longer: int = 0
+  empty_chosen: int = 0
   chosen_tokens: float = 0.0
   rejected_tokens: float = 0.0
 
@@ -139,6 +140,7 @@ def preference_pairs(candidates: Sequence[Candidate], counts: PairCounts, *, var
       return []
     pairs = [(chosen, c) for c in longer]
   counts.pairs += len(pairs)
+  counts.empty_chosen += not chosen.text.strip()  # a lenient rule may choose the empty compression
   counts.chosen_tokens += sum(w.tokens for w, _ in pairs)
   counts.rejected_tokens += sum(r.tokens for _, r in pairs)
   return pairs

@@ -557,7 +557,7 @@ def run(config, workdir: str) -> dict | None:
         stage = f'train_{name}_seed{seed}'
         inputs = {'train': train_fields, 'compressor': compressor_fields, 'mesh': cfg['mesh'], 'seed': seed,
                   'objective': name}
-        if c['success'] != 'first':  # (absent for the paper's rule: earlier runs keep their stages)
+        if c['success'] != 'first':  # (absent for the paper's rule: its inputs are those of runs before the field)
           inputs['success'] = c['success']
         if name != 'sft':
           inputs['orpo_lambda'] = c['orpo_lambda']
@@ -648,11 +648,11 @@ def notes(config, summaries: dict) -> list[str]:
                  f"(gold passages {where}); the "
                  f"raw passage is ranked first for {s['raw_success']}; {s['with_a_success']} have a "
                  f"candidate with which the gold is first ({s['successes']} of {s['candidates']} candidates)"
-                 + (f"; {s['no_worse']['with_a_success']} one that costs the gold no rank ({s['no_worse']['successes']} "
-                    'candidates)' if 'no_worse' in s else '') + '.')
-  out.append(f"A candidate succeeds when the gold passage is ranked "
-             + ('first with it (the paper).' if c.success == 'first'
-                else 'no lower with it than with the raw passage (color.success=no_worse, beyond the paper).'))
+                 + (f"; {s['no_worse']['with_a_success']} have one with which the gold loses no rank "
+                    f"({s['no_worse']['successes']} candidates)" if 'no_worse' in s else '') + '.')
+    out.append('A candidate succeeds when the gold passage is ranked '
+               + ('first with it (the paper).' if c.success == 'first'
+                  else 'no lower with it than with the raw passage (color.success=no_worse, beyond the paper).'))
   for name in TRAINED:
     stage = next((v for k, v in summaries.items() if k.startswith(f'train_{name}_seed')), None)
     if stage:
@@ -660,7 +660,8 @@ def notes(config, summaries: dict) -> list[str]:
       out.append(f"{name} training (Table 9): {p['pairs']} pairs from {p['queries']} queries; mean chosen "
                  f"{p['mean_chosen_tokens']:.1f} and rejected {p['mean_rejected_tokens']:.1f} tokens; no successful "
                  f"candidate {p['no_success']}, no longer rejected one {p['no_rejected']}, rejected candidates not "
-                 f"longer than the chosen dropped {p['rejected_not_longer']}.")
+                 f"longer than the chosen dropped {p['rejected_not_longer']}, empty chosen compressions "
+                 f"{p.get('empty_chosen', 0)}.")
   out.append(f'Variant: {c.variant}; lambda {c.orpo_lambda}.')
   return out
 

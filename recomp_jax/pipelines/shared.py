@@ -113,9 +113,13 @@ class Resources:
       self._reader = Reader(r.model, score_batch_size=r.score_batch_size,
                             generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens)
       path = self.prediction_cache_path()
+      seeds = [os.path.expanduser(s) for s in r.get('prediction_seed', ())]
+      if seeds and not path:
+        raise PipelineError('reader.prediction_seed is set but this run keeps no prediction cache '
+                            "(reader.prediction_cache='off', no workdir, or several processes)")
       if path:
         self._reader.use_prediction_cache(path, model_fingerprint(r.model, 'reader'))
-        for seed in r.get('prediction_seed', ()):
+        for seed in seeds:
           if not os.path.exists(seed):
             raise PipelineError(f'{seed}: no such file (reader.prediction_seed)')
           counts = self._reader.prediction_cache.seed(seed)

@@ -32,14 +32,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from typing import Sequence
 
 from recomp_jax.stages import code_hash, fingerprint
 
-# The code between a reader's weights and its answer; its source is part of the reader key.
-READER_CODE = ('recomp_jax.reader', 'recomp_jax.models', 'recomp_jax.pretrained')
+# The code between a reader's weights and its answer; its source is part of the reader key. Only
+# the answer path: an edit to this module, to scoring or to the long-context retriever leaves
+# every cached (and exported) answer valid.
+READER_CODE = ('recomp_jax.reader.reader', 'recomp_jax.reader.prompts', 'recomp_jax.models', 'recomp_jax.pretrained')
 
 
 def _sha(text: str) -> str:
@@ -126,10 +129,14 @@ class PredictionCache:
       for line_number, line in enumerate(f, 1):
         try:
           r = json.loads(line)
-          rows.append((str(r['reader']), int(r['max_new_tokens']), str(r['prompt_sha']), str(r['answer'])))
+          row = (r['reader'], r['max_new_tokens'], r['prompt_sha'], r['answer'])
         except (ValueError, KeyError, TypeError) as e:
           raise ValueError(f'{path}:{line_number}: not a prediction record ({type(e).__name__}: {e}); '
                            "each line needs 'reader', 'max_new_tokens', 'prompt_sha' and 'answer'") from e
+        if not all(isinstance(v, t) for v, t in zip(row, (str, int, str, str))):
+          raise ValueError(f'{path}:{line_number}: a prediction record needs text reader, prompt_sha and answer '
+                           f'and an integer max_new_tokens, got {[type(v).__name__ for v in row]}')
+        rows.append(row)
     with self._lock, self._db:
       before = self._db.total_changes
       self._db.executemany('INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)', rows)
@@ -148,14 +155,17 @@ class PredictionCache:
 def export_answers(db_path: str, out_path: str) -> int:
   """Writes every answer of the sqlite cache ``db_path`` to ``out_path`` (JSONL.gz, one
   ``{'reader', 'max_new_tokens', 'prompt_sha', 'answer'}`` per line, sorted); returns the count."""
-  db = sqlite3.connect(db_path)
+  if not os.path.isfile(db_path):
+    raise ValueError(f'{db_path}: no such prediction cache')
+  db = sqlite3.connect(f'file:{db_path}?mode=ro', uri=True)
   try:
     rows = db.execute('SELECT reader, max_new_tokens, prompt_sha, answer FROM answers '
                       'ORDER BY reader, max_new_tokens, prompt_sha').fetchall()
   finally:
     db.close()
-  # mtime=0: the same answers give the same bytes, so a re-export does not show as a change.
-  with open(out_path, 'wb') as raw, gzip.GzipFile(fileobj=raw, mode='wb', mtime=0) as gz:
+  # mtime=0 and no file name in the header: the same answers give the same bytes, so a re-export
+  # does not show as a change.
+  with open(out_path, 'wb') as raw, gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as gz:
     for reader, limit, sha, answer in rows:
       gz.write((json.dumps({'reader': reader, 'max_new_tokens': limit, 'prompt_sha': sha, 'answer': answer},
                            ensure_ascii=False) + '\n').encode('utf-8'))
