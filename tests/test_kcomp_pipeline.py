@@ -49,7 +49,7 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
 
   # Retrieval never hands a question its own answer.
   for split, n in (('train', 8), ('dev', 4), ('test', 6)):
-    examples = read_examples(os.path.join(stages, 'data', f'{split}.jsonl'))
+    examples = read_examples(os.path.join(stages, pipeline.data_stage(split), f'{split}.jsonl'))
     assert len(examples) == n
     for e in examples:
       assert len(e.ctxs) == 3 and not {p.id for p in e.ctxs} & set(e.meta['own_passage_ids'])
@@ -85,7 +85,7 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
   by_row = {}
   for p in predictions:
     by_row.setdefault(p['row'], []).append(p)
-  test = read_examples(os.path.join(stages, 'data', 'test.jsonl'))
+  test = read_examples(os.path.join(stages, 'test_data', 'test.jsonl'))
   references = {e.id: e.answers[0] for e in test}
   scorer = BertScore('')
   none = by_row['none']
@@ -118,6 +118,17 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
   assert [(r['key'], r['bertscore_f1'], r['rougeL']) for r in again['rows']] == \
       [(r['key'], r['bertscore_f1'], r['rougeL']) for r in results['rows']]
   assert all(seconds == 0.0 for seconds in again['stage_seconds'].values())
+
+  # Another test file (here its first 4 questions) reuses every training stage, so the model chosen on
+  # dev is the one evaluated; the rows no compressor changes are read from the reader's cache.
+  config.kcomp.max_test = 4
+  other = runner.run(config, config.workdir)
+  assert {name for name, seconds in other['stage_seconds'].items() if seconds > 0} == {'test_data', 'evaluate'}
+  cached = {r['key']: r['reader_answers_cached'] for r in other['rows']}
+  assert cached['none'] == cached['top1'] == cached['top5'] == 4
+  first = {p['id']: p['prediction'] for p in by_row['top5']}
+  again_rows = [json.loads(line) for line in open(os.path.join(config.workdir, 'predictions.jsonl'))]
+  assert [p['prediction'] for p in again_rows if p['row'] == 'top5'] == [first[e.id] for e in test[:4]]
 
 
 def test_config_sections_and_rows():

@@ -3,12 +3,16 @@
 ``python -m recomp_jax.main --config=configs/medquad_kcomp.py:PRESET`` runs, each stage cached
 and resumable in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.stages`):
 
-1. ``data``: the MedQuAD splits, BM25 top ``kcomp.top_docs`` passages per question with the
-   question's own answer left out (:func:`recomp_jax.data.medquad.retrieve_leaving_own_answer_out`);
-   the stage fails if any retrieved passage is still the question's own;
+1. ``data`` (train / dev) and ``test_data`` (the test split): the MedQuAD questions, BM25 top
+   ``kcomp.top_docs`` passages per question with the question's own answer left out
+   (:func:`recomp_jax.data.medquad.retrieve_leaving_own_answer_out`); either stage fails if any
+   retrieved passage is still the question's own. Apart so that a run on another test file (a dev
+   probe, then the one held-out run) reuses every training stage: the model chosen on dev is the
+   model evaluated;
 2. ``knowledge`` (§4.2, Table 1): entities of each train / dev question that name a corpus title
    (a title gazetteer, or spaCy / ScispaCy with ``kcomp.entities=spacy``) with their descriptions;
-   questions without a described entity are dropped and counted;
+   questions without a described entity are dropped and counted (test questions are only counted,
+   in ``test_data``: at inference the question is not masked);
 3. ``targets``: the summary each compressor learns: the reader's best sentences of the passages
    (beyond the paper, ``kcomp.targets=reader_sentence``) or Table 6's teacher summary
    (``kcomp.targets=teacher``, any OpenAI-compatible endpoint; offline our own server);
@@ -65,6 +69,7 @@ ROW_KEYS = tuple(ROW_NAMES)
 COMPARED = ('kcomp',)
 METRICS = ('bertscore_f1', 'rougeL')
 SPLITS = ('train', 'dev', 'test')
+TRAIN_SPLITS = ('train', 'dev')
 DATA_CODE = ('recomp_jax.data', 'recomp_jax.retrieval')
 KNOWLEDGE_CODE = ('recomp_jax.data', 'recomp_jax.compressors.kcomp')
 TARGET_CODE = shared.READER_CODE + ('recomp_jax.compressors.kcomp', 'recomp_jax.teacher')
@@ -148,17 +153,26 @@ def split_paths(config) -> dict[str, tuple[str, int]]:
   return out
 
 
+def data_stage(split: str) -> str:
+  """The stage holding ``split``'s questions and passages."""
+  return 'test_data' if split == 'test' else 'data'
+
+
 # ----------------------------------------------------------------------------- data
 
 
-def stage_data(config, directory: str) -> dict:
-  """Questions of each split with their BM25 passages, own answer left out -> ``{split}.jsonl``."""
+def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
+  """Questions of each of ``splits`` with their BM25 passages, own answer left out -> ``{split}.jsonl``;
+  for the test split also how many questions name an entity (Table 1; the question is not masked)."""
   from recomp_jax.retrieval.bm25 import BM25Config, BM25Index  # pylint: disable=import-outside-toplevel  (builds an index)
-  corpus = [m.passage for m in medquad.read_corpus(config.kcomp.corpus_path)]
+  records = medquad.read_corpus(config.kcomp.corpus_path)
+  corpus = [m.passage for m in records]
   index = BM25Index.build_or_load(corpus, os.path.join(directory, 'index'),
                                   BM25Config(k1=config.kcomp.bm25_k1, b=config.kcomp.bm25_b))
   summary = {'corpus_passages': len(corpus)}
-  for split, (path, limit) in split_paths(config).items():
+  paths = split_paths(config)
+  for split in splits:
+    path, limit = paths[split]
     examples = medquad.read_questions(path, max_examples=limit)
     report = FilterReport(f'retrieve/{split}')
     examples = medquad.retrieve_leaving_own_answer_out(index.search, examples, config.kcomp.top_docs, report)
@@ -168,13 +182,16 @@ def stage_data(config, directory: str) -> dict:
     write_examples(os.path.join(directory, f'{split}.jsonl'), examples)
     summary[split] = {'questions': len(examples), 'left_out': report.to_dict()['dropped'],
                       'short_of_passages': sum(len(e.ctxs) < config.kcomp.top_docs for e in examples)}
-  for split in SPLITS:
-    summary.setdefault(split, {'questions': 0})
+    if split == 'test':
+      finder = entity_finder(config, [m.passage.title for m in records])
+      named = sum(bool(finder.find(e.question)) for e in examples)
+      summary[split]['entities'] = {'questions': len(examples), 'kept': named,
+                                    'dropped': {'no_entity': len(examples) - named} if named < len(examples) else {}}
   return summary
 
 
 def examples_of(runner: StageRunner, split: str) -> list[Example]:
-  path = os.path.join(runner.stage_dir('data'), f'{split}.jsonl')
+  path = os.path.join(runner.stage_dir(data_stage(split)), f'{split}.jsonl')
   return read_examples(path) if os.path.exists(path) else []
 
 
@@ -188,24 +205,17 @@ def entity_finder(config, titles: Sequence[str]):
 
 def stage_knowledge(config, runner: StageRunner, directory: str) -> dict:
   """Table 1: per train / dev question its described entities -> ``{split}.jsonl`` (kept questions
-  only: ``mentions`` ``[start, end, surface, title]`` and the ``pairs`` ``[surface, description]``);
-  per test question only whether an entity was found (inference reads the unmasked question)."""
+  only: ``mentions`` ``[start, end, surface, title]`` and the ``pairs`` ``[surface, description]``)."""
   corpus = medquad.read_corpus(config.kcomp.corpus_path)
   finder = entity_finder(config, [m.passage.title for m in corpus])
   descriptions = kcomp.Descriptions(corpus)
   summary = {}
-  for split in SPLITS:
+  for split in TRAIN_SPLITS:
     examples = examples_of(runner, split)
     report = FilterReport(f'knowledge/{split}')
     with open(os.path.join(directory, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
       for e in examples:
         mentions = finder.find(e.question)
-        if split == 'test':  # counted only: at inference the question is not masked
-          if mentions:
-            report.keep()
-          else:
-            report.drop('no_entity', e.id)
-          continue
         found = kcomp.knowledge_for(mentions, descriptions, e.meta['own_passage_ids'], report, e.id)
         if found is None:
           continue
@@ -451,16 +461,21 @@ def run(config, workdir: str) -> dict | None:
   cfg = config.to_dict()
   k = cfg['kcomp']
   summaries = {}
-  data_fields = ('corpus_path', 'train_path', 'dev_path', 'test_path', 'max_train', 'max_dev', 'max_test',
-                 'top_docs', 'bm25_k1', 'bm25_b')
-  summaries['data'] = runner.run(
-      'data', {'kcomp': {f: k[f] for f in data_fields}, 'trains': shared.trains(config),
-               'files': provenance.data_hashes(input_files(config))},
-      lambda d: stage_data(config, d), code=DATA_CODE, collective=False)
-  deps = ['data']
+  retrieval = {f: k[f] for f in ('corpus_path', 'top_docs', 'bm25_k1', 'bm25_b')}
+  entities = {'entities': k['entities'], 'spacy_model': k['spacy_model'] if k['entities'] == 'spacy' else ''}
+  # The training side never reads the test split, so a run on another test file keeps its stages.
+  summaries['test_data'] = runner.run(
+      'test_data', {'kcomp': {**retrieval, 'test_path': k['test_path'], 'max_test': k['max_test']}, **entities,
+                    'files': provenance.data_hashes([k['test_path'], k['corpus_path']])},
+      lambda d: stage_data(config, d, ('test',)), code=DATA_CODE, collective=False)
+  deps = ['test_data']
   if shared.trains(config):
+    summaries['data'] = runner.run(
+        'data', {'kcomp': {**retrieval, **{f: k[f] for f in ('train_path', 'dev_path', 'max_train', 'max_dev')}},
+                 'files': provenance.data_hashes([k['train_path'], k['dev_path'], k['corpus_path']])},
+        lambda d: stage_data(config, d, TRAIN_SPLITS), code=DATA_CODE, collective=False)
     summaries['knowledge'] = runner.run(
-        'knowledge', {'entities': k['entities'], 'spacy_model': k['spacy_model'] if k['entities'] == 'spacy' else ''},
+        'knowledge', entities,
         lambda d: stage_knowledge(config, runner, d), deps=('data',), code=KNOWLEDGE_CODE, collective=False)
     target_inputs = {'targets': k['targets']}
     if k['targets'] == 'reader_sentence':
@@ -490,7 +505,7 @@ def run(config, workdir: str) -> dict | None:
             stage, inputs, lambda d, seed=seed, name=name: stage_train(config, runner, seed, d, knowledge=name == 'kcomp'),
             deps=('knowledge', 'targets'), code=TRAIN_CODE, resumable=True)
         deps.append(stage)
-    deps += ['knowledge', 'targets']
+    deps += ['data', 'knowledge', 'targets']
   eval_inputs = {**shared.reader_inputs(config), 'rows': requested_rows(config), 'seeds': list(config.train.seeds),
                  'answer_stop': list(k['answer_stop']), 'bertscore': [k['bertscore_model'], k['bertscore_layers']],
                  'generation': {f: cfg['compressor'][f] for f in ('max_source_length', 'max_new_tokens')},
@@ -557,14 +572,14 @@ def bootstrap(per_question: dict[str, dict], seed: int) -> list[dict]:
 
 def notes(config, summaries: dict) -> list[str]:
   out = []
-  data = summaries['data']
-  left = {s: data[s].get('left_out', {}) for s in SPLITS if data[s].get('questions')}
+  data = {**summaries.get('data', {}), **summaries['test_data']}
+  left = {s: data[s].get('left_out', {}) for s in SPLITS if data.get(s, {}).get('questions')}
   out.append(f"Retrieval: BM25 top-{config.kcomp.top_docs} over {data['corpus_passages']} MedQuAD passages, each "
              f"question's own answer left out (passages removed above the last one kept, per split: {left}).")
   if 'knowledge' in summaries:
-    k = summaries['knowledge']
+    k = {**summaries['knowledge'], 'test': data['test']['entities']}
     out.append('Table 1 (entities named by a corpus title, each with a description outside the question\'s own '
-               f"answer; finder: {config.kcomp.entities}): " + '; '.join(
+               f"answer; the test questions are only counted; finder: {config.kcomp.entities}): " + '; '.join(
                    f"{s}: {v['kept']} of {v['questions']} kept, dropped {v['dropped']}" for s, v in k.items()) + '.')
   if 'targets' in summaries:
     t = summaries['targets']
@@ -702,6 +717,6 @@ def experiment(preset: str):
   return c
 
 
-__all__ = ['FIELDS', 'ROW_KEYS', 'ROW_NAMES', 'aggregate', 'bootstrap', 'default_config', 'experiment', 'run',
-           'stage_data', 'stage_evaluate', 'stage_knowledge', 'stage_targets', 'stage_train', 'training_examples',
-           'validate', 'write_results']
+__all__ = ['FIELDS', 'ROW_KEYS', 'ROW_NAMES', 'aggregate', 'bootstrap', 'data_stage', 'default_config', 'experiment',
+           'run', 'stage_data', 'stage_evaluate', 'stage_knowledge', 'stage_targets', 'stage_train',
+           'training_examples', 'validate', 'write_results']
