@@ -184,9 +184,15 @@ def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
                       'short_of_passages': sum(len(e.ctxs) < config.kcomp.top_docs for e in examples)}
     if split == 'test':
       finder = entity_finder(config, [m.passage.title for m in records])
-      named = sum(bool(finder.find(e.question)) for e in examples)
-      summary[split]['entities'] = {'questions': len(examples), 'kept': named,
-                                    'dropped': {'no_entity': len(examples) - named} if named < len(examples) else {}}
+      named = FilterReport('knowledge/test')
+      for e in examples:
+        if finder.find(e.question):
+          named.keep()
+        else:
+          named.drop('no_entity', e.id)
+      counts = named.to_dict()
+      summary[split]['entities'] = {'questions': len(examples), 'kept': counts.get('kept', 0),
+                                    'dropped': counts['dropped']}
   return summary
 
 
