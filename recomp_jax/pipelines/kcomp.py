@@ -660,6 +660,7 @@ def default_config():
 
 
 MEDQUAD = '../shared/data/medquad'
+ANSWERS = 'results/artifacts'
 
 
 def experiment(preset: str):
@@ -670,7 +671,8 @@ def experiment(preset: str):
   shared: ``../shared/data/medquad``: the first 100 training and 16 dev questions, the first 300
     held-out test questions (the file is a seeded shuffle), BM25 top-5, Gemma 3 270M compressor and
     reader, reader-sentence targets, the new tokens' rows at 100x the learning rate (chosen on dev),
-    2 epochs: one session on 2 CPU cores.
+    2 epochs, the baseline rows' reader answers read from ``results/artifacts`` (run from the
+    repository root): one session on 2 CPU cores.
   ci: a few questions with tiny models (tests set them).
   """
   c = default_config()
@@ -697,6 +699,9 @@ def experiment(preset: str):
     c.compressor.max_target_length = 160
     c.compressor.max_new_tokens = 128
     c.reader.max_new_tokens = 64
+    # The baseline rows' answers (no compressor changes them) are committed, so a run on a fresh
+    # machine decodes only the compressors' rows; a reader whose code or weights differ misses them.
+    c.reader.prediction_seed = (f'{ANSWERS}/medquad_kcomp_shared_reader_answers/answers.jsonl.gz',)
     c.train.epochs = 2.0
     c.train.batch_size = 8
     c.train.warmup_steps = 1  # 3% of ~22 steps
