@@ -130,3 +130,30 @@ def test_every_config_file_loads_every_preset_its_docstring_lists(name):
     # typed: every field declared by the shared section or the system's own, of its type and choices
     config_fields.check(config, system_fields(config.system), config.system)
     assert set(config_fields.leaves(config)) == {f.name for f in system_fields(config.system)}
+
+
+def test_every_presets_reader_answer_seed_is_a_committed_artefact(tmp_path):
+  """A preset's ``reader.prediction_seed`` names a file under ``results/artifacts`` whose hash is the
+  one its ``settings.json`` records and whose every line a cache accepts (run from the repository root)."""
+  import glob
+  import hashlib
+  from recomp_jax.reader.prediction_cache import PredictionCache
+  seen = 0
+  for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
+    module = _load(os.path.basename(path))
+    presets = PRESETS.get(os.path.basename(path)) or ('shared',)
+    for preset in presets:
+      try:
+        config = module.get_config(preset)
+      except ValueError:
+        continue
+      for seed in config.reader.get('prediction_seed', ()):
+        seen += 1
+        assert seed.startswith('results/artifacts/'), (path, preset, seed)
+        full = os.path.join(REPO, seed)
+        settings = json.load(open(os.path.join(os.path.dirname(full), 'settings.json')))
+        assert hashlib.sha256(open(full, 'rb').read()).hexdigest() == settings['sha256'], seed
+        assert os.path.exists(os.path.join(os.path.dirname(full), 'NOTICE')), seed
+        counts = PredictionCache(str(tmp_path / f'{seen}.sqlite'), 'any').seed(full)
+        assert counts['read'] == counts['added'] == settings['answers'], seed
+  assert seen >= 1  # K-COMP :shared reads one
