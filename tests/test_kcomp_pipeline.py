@@ -133,7 +133,7 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
 
 def test_config_sections_and_rows():
   from configs.medquad_kcomp import get_config
-  for preset in ('paper', 'shared', 'ci'):
+  for preset in ('paper', 'shared', 'demo', 'ci'):
     config = get_config(preset)
     runner.config_fields.check(config, runner.system_fields('kcomp'), 'kcomp')
   config = get_config('ci')
@@ -146,3 +146,19 @@ def test_config_sections_and_rows():
   assert pipeline.eom(config) == '<eom>'
   config.kcomp.variant = 'released'
   assert pipeline.eom(config) == '<eod>'
+
+
+def test_skip_test_reads_the_test_file_past_the_skipped_questions(tmp_path):
+  """``kcomp.skip_test``: the demo tests on dev questions past those training reads as dev."""
+  if not os.path.isdir(MEDQUAD):
+    pytest.skip(f'{MEDQUAD} is absent (the shared data folder)')
+  from configs.medquad_kcomp import get_config
+  from recomp_jax.data import medquad
+  config = get_config('demo')
+  assert config.kcomp.test_path == config.kcomp.dev_path and config.kcomp.skip_test == config.kcomp.max_dev
+  config.kcomp.max_test = 3
+  summary = pipeline.stage_data(config, str(tmp_path), ('test',))
+  dev = medquad.read_questions(config.kcomp.dev_path, max_examples=7)
+  test = read_examples(os.path.join(tmp_path, 'test.jsonl'))
+  assert [e.id for e in test] == [e.id for e in dev[4:7]] and summary['test']['questions'] == 3
+  assert not {e.id for e in test} & {e.id for e in dev[:config.kcomp.max_dev]}

@@ -50,7 +50,7 @@ def test_help_lists_systems_presets_and_fields():
   assert 'configs/nq_color.py: paper, shared, ci' in out.stdout and "--config.color.variant='paper'" in out.stdout
   assert 'configs/nq_truncation.py: shared, demo, ci' in out.stdout and '--config.truncation.tokens=48' in out.stdout
   assert 'configs/wikitext_lm.py: paper, shared, shared_abstractive, ci' in out.stdout and "--config.lm.stride=32" in out.stdout
-  assert 'configs/medquad_kcomp.py: paper, shared, ci' in out.stdout and "--config.kcomp.variant='paper'" in out.stdout
+  assert 'configs/medquad_kcomp.py: paper, shared, demo, ci' in out.stdout and "--config.kcomp.variant='paper'" in out.stdout
   assert 'configs/nq_abstractive.py: paper, shared, demo, ci' in out.stdout
   assert "--config.teacher.api='chat'" in out.stdout
   assert 'configs/nq_extractive.py: paper, shared, demo, ci, quickstart' in out.stdout
