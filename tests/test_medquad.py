@@ -102,6 +102,47 @@ def test_leave_own_answer_out_on_fixture_passages():
         id='x', question='q', answers=['a'])], 3)
 
 
+def test_dense_pool_reranked_by_bm25_leaves_own_answer_out():
+  """K-COMP §4.1: the dense retriever's ``depth`` passages (own answer and verbatim pieces left out,
+  counted) re-ranked by BM25, the ``k`` best kept; with the real MiniLM on fixture passages."""
+  from recomp_jax.models.dual_encoder import Encoder
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  from recomp_jax.retrieval.bm25 import BM25Index
+  from recomp_jax.retrieval.dense import DenseIndex
+  own = Passage('7-1#0', 'Frostbite', 'frostbite is an injury caused by freezing of the skin')
+  sibling = Passage('7-2#0', 'Frostbite', 'what is frostbite: warm the skin')  # verbatim in the answer
+  rest = [Passage('1-1#0', 'Hypothermia', 'hypothermia: the body loses heat faster than it makes it'),
+          Passage('2-1#0', 'Chilblains', 'chilblains are small itchy swellings after cold exposure'),
+          Passage('3-1#0', 'Asthma', 'asthma narrows the airways of the lungs'),
+          Passage('4-1#0', 'Trench foot', 'trench foot follows long exposure of the feet to cold and wet'),
+          Passage('5-1#0', 'Sunburn', 'sunburn is skin damage from ultraviolet light'),
+          Passage('6-1#0', 'Frost injury', 'frostbite frostbite freezing injury of the fingers')]
+  corpus = [own, sibling] + rest
+  encoder = Encoder.from_pretrained(resolve_demo_model('', 'encoder'))
+  dense = DenseIndex(corpus, encoder.encode([f'{p.title} {p.text}' for p in corpus]))
+  bm25 = BM25Index(corpus)
+  example = Example(id='7-1|Frostbite', question='what is frostbite, a freezing injury of the skin?',
+                    answers=['... what is frostbite: warm the skin ...'],
+                    meta={'focus': 'Frostbite', 'own_passage_ids': ['7-1#0']})
+
+  def search(query, depth):
+    return dense.search_batch(encoder, [query], depth)[0]
+
+  report = FilterReport('retrieve')
+  (out,) = medquad.retrieve_leaving_own_answer_out(search, [example], 2, report, rerank=bm25.rerank, depth=4)
+  pool = [p for p in search(example.question, 8) if p.id not in ('7-1#0', '7-2#0')][:4]
+  scores = bm25.scores(example.question)
+  row = {p.id: i for i, p in enumerate(corpus)}
+  expected = sorted(pool, key=lambda p: -scores[row[p.id]])[:2]
+  assert [p.id for p in out.ctxs] == [p.id for p in expected]
+  assert [p.score for p in out.ctxs] == [float(scores[row[p.id]]) for p in expected]
+  assert out.ctxs[0].id == '6-1#0'  # the lexical match wins the pool, whatever its dense rank
+  assert sum(report.dropped.values()) == report.dropped['own_id_passage'] + report.dropped.get('verbatim_in_reference', 0)
+  assert report.dropped['own_id_passage'] == 1  # the own answer is the dense retriever's best
+  with pytest.raises(KeyError, match='not in this BM25 index'):
+    bm25.rerank('q', [Passage('nope', '', 'text')])
+
+
 def test_no_retrieved_passage_of_any_split_is_its_questions_own():
   """Over the real files (train, dev and the held-out test questions: an exclusion check, no
   model or metric): BM25 top-5 never holds a passage of the question's own answer, by id or by
@@ -127,3 +168,28 @@ def test_no_retrieved_passage_of_any_split_is_its_questions_own():
         assert p.id not in own, (split, e.id, p.id)
         assert p.text not in e.answers[0], (split, e.id, p.id)
     assert report.dropped['own_id_passage'] > 0.5 * len(questions)  # most questions' own answer ranks high
+
+
+def test_kcomp_data_stage_with_the_dense_retriever(tmp_path):
+  """``kcomp.retriever=dense_bm25`` in K-COMP's data stage: MiniLM's pool re-ranked by BM25, never
+  the question's own passage, the corpus embeddings kept in the stage directory."""
+  from recomp_jax.pipelines import kcomp as pipeline
+  from recomp_jax.data.stage_records import read_examples
+  topics = ['Frostbite', 'Asthma', 'Sunburn', 'Gout', 'Anemia', 'Migraine']
+  corpus = [_passage(f'{i}-1#{j}', t, f'{t.lower()} note {j}: {t.lower()} affects people in many ways, part {j}',
+                     doc=f'GHR:{i}') for i, t in enumerate(topics) for j in range(3)]
+  questions = [_question(f'{i}-1', t, [f'{i}-1#0', f'{i}-1#1', f'{i}-1#2'], question=f'What is {t.lower()} ?',
+                         answer=f'{t} is a condition.') for i, t in enumerate(topics[:3])]
+  config = pipeline.experiment('ci')
+  k = config.kcomp
+  k.corpus_path = _write(tmp_path / 'corpus.jsonl.gz', corpus)
+  k.test_path = _write(tmp_path / 'test.jsonl.gz', questions)
+  k.max_test, k.top_docs, k.retriever, k.dense_depth = 0, 2, 'dense_bm25', 4
+  summary = pipeline.stage_data(config, str(tmp_path / 'stage'), ('test',))
+  test = read_examples(str(tmp_path / 'stage' / 'test.jsonl'))
+  assert summary['test']['questions'] == 3 and [len(e.ctxs) for e in test] == [2, 2, 2]
+  for e in test:
+    assert not {p.id for p in e.ctxs} & set(e.meta['own_passage_ids'])
+    assert e.ctxs[0].score >= e.ctxs[1].score  # BM25 order
+  assert summary['test']['left_out']['own_id_passage'] == 9  # each question's 3 own passages led the dense pool
+  assert any(name.startswith('dense-') for name in os.listdir(tmp_path / 'stage'))

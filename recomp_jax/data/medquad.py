@@ -105,7 +105,9 @@ def read_questions(path: str | os.PathLike, *, max_examples: int = 0) -> list[Ex
 
 def retrieve_leaving_own_answer_out(search: Callable[[str, int], Sequence[Passage]], examples: Sequence[Example],
                                     k: int, report: FilterReport | None = None, *,
-                                    leave_out_verbatim: bool = True) -> list[Example]:
+                                    leave_out_verbatim: bool = True,
+                                    rerank: Callable[[str, list[Passage]], list[Passage]] | None = None,
+                                    depth: int = 0) -> list[Example]:
   """Each example with its ``k`` best passages, none of them cut from its own answer: every passage
   whose id is in ``own_passage_ids`` is left out, as ``../shared/data``'s README defines it.
 
@@ -121,6 +123,10 @@ def retrieve_leaving_own_answer_out(search: Callable[[str, int], Sequence[Passag
     report: counts the left-out passages that ranked above the last one kept: by id
       (``'own_id_passage'``) and, of the others, by text (``'verbatim_in_reference'``).
     leave_out_verbatim: also leave out passages whose text occurs in the reference.
+    rerank: ``(query, pool) -> pool reordered``: ``search`` fills a pool of ``depth`` passages
+      (the left-out ones excluded) and the ``k`` best of its new order are kept (K-COMP §4.1:
+      Contriever's passages re-ranked by BM25).
+    depth: the pool's size with ``rerank`` (at least ``k``).
 
   Raises:
     DataError: an example without ``own_passage_ids`` (nothing would say what to leave out).
@@ -134,7 +140,11 @@ def retrieve_leaving_own_answer_out(search: Callable[[str, int], Sequence[Passag
     def excluded(p: Passage, own=own, reference=reference) -> bool:
       return p.id in own or (leave_out_verbatim and p.text in reference)
 
-    kept, removed = search_excluding(search, e.question, k, excluded)
+    if rerank is None:
+      kept, removed = search_excluding(search, e.question, k, excluded)
+    else:
+      pool, removed = search_excluding(search, e.question, max(depth, k), excluded)
+      kept = rerank(e.question, pool)[:k]
     by_id = sum(p.id in own for p in removed)
     if report is not None and by_id:
       report.drop('own_id_passage', e.id, n=by_id)

@@ -78,6 +78,7 @@ TRAIN_CODE = ('recomp_jax.compressors.kcomp', 'recomp_jax.training', 'recomp_jax
 EVAL_CODE = shared.READER_CODE + ('recomp_jax.compressors.kcomp', 'recomp_jax.evaluation', 'recomp_jax.models')
 _TEACHER = ('kcomp.targets', ('teacher',))
 _SENTENCES = ('kcomp.targets', ('reader_sentence',))
+_DENSE = ('kcomp.retriever', ('dense_bm25',))
 
 # The task's config: the shared run, reader, optimiser and mesh fields, and its own sections.
 FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'encoder', 'eval')) + (
@@ -90,7 +91,12 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'enc
     Field('kcomp.max_test', 0, 'test questions read, the first N of the file (0 = all)', minimum=0),
     Field('kcomp.skip_test', 0, 'test questions skipped before the first one read (a demo or dev probe on the '
           'dev file, past the questions training reads as dev)', minimum=0),
-    Field('kcomp.top_docs', 5, 'BM25 passages per question (own answer left out)', minimum=1),
+    Field('kcomp.top_docs', 5, 'passages per question (own answer left out)', minimum=1),
+    Field('kcomp.retriever', 'bm25', "'bm25' (the :shared default) or the paper's 'dense_bm25': the dense "
+          "retriever's kcomp.dense_depth passages re-ranked by BM25 (§4.1)", choices=('bm25', 'dense_bm25')),
+    Field('kcomp.dense_model', '', "the dense retriever ('' = MiniLM from PyPI; facebook/contriever in the paper)",
+          read_when=_DENSE),
+    Field('kcomp.dense_depth', 15, 'dense passages BM25 re-ranks (Fig. 2: 15)', minimum=1, read_when=_DENSE),
     Field('kcomp.bm25_k1', 0.9, 'BM25 k1 (Pyserini)', minimum=0.0),
     Field('kcomp.bm25_b', 0.4, 'BM25 b (Pyserini)', minimum=0.0),
     Field('kcomp.variant', 'paper', "'paper': loss on knowledge and summary, <eom>; 'released': the released "
@@ -163,14 +169,29 @@ def data_stage(split: str) -> str:
 # ----------------------------------------------------------------------------- data
 
 
+def dense_search(config, corpus: Sequence[Passage], directory: str):
+  """``(query, depth) -> passages`` of the dense retriever (``kcomp.dense_model``) over ``corpus``;
+  the corpus embeddings are kept in ``{directory}/dense-<fingerprint>``."""
+  # (lazy: the BM25 default loads no encoder)
+  from recomp_jax.models.dual_encoder import Encoder  # pylint: disable=import-outside-toplevel
+  from recomp_jax.retrieval.dense import DenseIndex  # pylint: disable=import-outside-toplevel
+  encoder = Encoder.from_pretrained(shared.resolve_demo_model(config.kcomp.dense_model, 'encoder'))
+  index = DenseIndex.build_or_load(corpus, encoder, directory)
+  return lambda query, depth: index.search_batch(encoder, [query], depth)[0]
+
+
 def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
-  """Questions of each of ``splits`` with their BM25 passages, own answer left out -> ``{split}.jsonl``;
-  for the test split also how many questions name an entity (Table 1; the question is not masked)."""
+  """Questions of each of ``splits`` with their passages (BM25, or dense re-ranked by BM25), own answer
+  left out -> ``{split}.jsonl``; for the test split also how many questions name an entity (Table 1;
+  the question is not masked)."""
   from recomp_jax.retrieval.bm25 import BM25Config, BM25Index  # pylint: disable=import-outside-toplevel  (builds an index)
   records = medquad.read_corpus(config.kcomp.corpus_path)
   corpus = [m.passage for m in records]
   index = BM25Index.build_or_load(corpus, os.path.join(directory, 'index'),
                                   BM25Config(k1=config.kcomp.bm25_k1, b=config.kcomp.bm25_b))
+  search, rerank = index.search, None
+  if config.kcomp.retriever == 'dense_bm25':
+    search, rerank = dense_search(config, corpus, directory), index.rerank
   summary = {'corpus_passages': len(corpus)}
   paths = split_paths(config)
   for split in splits:
@@ -178,7 +199,8 @@ def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
     skip = config.kcomp.skip_test if split == 'test' else 0
     examples = medquad.read_questions(path, max_examples=skip + limit if limit else 0)[skip:]
     report = FilterReport(f'retrieve/{split}')
-    examples = medquad.retrieve_leaving_own_answer_out(index.search, examples, config.kcomp.top_docs, report)
+    examples = medquad.retrieve_leaving_own_answer_out(search, examples, config.kcomp.top_docs, report,
+                                                       rerank=rerank, depth=config.kcomp.dense_depth)
     leaks = [e.id for e in examples if {p.id for p in e.ctxs} & set(e.meta['own_passage_ids'])]
     if leaks:  # the reference would be in the evidence
       raise shared.PipelineError(f'{len(leaks)} {split} question(s) retrieved their own answer, e.g. {leaks[0]!r}')
@@ -471,6 +493,9 @@ def run(config, workdir: str) -> dict | None:
   k = cfg['kcomp']
   summaries = {}
   retrieval = {f: k[f] for f in ('corpus_path', 'top_docs', 'bm25_k1', 'bm25_b')}
+  if k['retriever'] != 'bm25':  # (absent for BM25: runs made before the field keep their stages)
+    retrieval.update({f: k[f] for f in ('retriever', 'dense_depth')},
+                     dense=shared.model_fingerprint(k['dense_model'], 'encoder'))
   entities = {'entities': k['entities'], 'spacy_model': k['spacy_model'] if k['entities'] == 'spacy' else ''}
   # The training side never reads the test split, so a run on another test file keeps its stages.
   test_inputs = {**retrieval, 'test_path': k['test_path'], 'max_test': k['max_test']}
@@ -672,7 +697,8 @@ def experiment(preset: str):
   """The presets of ``configs/medquad_kcomp.py``.
 
   paper: Gemma-2B compressor, MedQuAD from the given files (the hub's MASH-QA / BioASQ / MedCorp
-    are not read yet), roberta-large BERTScore at layer 17, the teacher at ``teacher.base_url``.
+    are not read yet), Contriever's 15 passages re-ranked by BM25, roberta-large BERTScore at
+    layer 17, the teacher at ``teacher.base_url``.
   shared: ``../shared/data/medquad``: the first 100 training and 16 dev questions, the first 300
     held-out test questions (the file is a seeded shuffle), BM25 top-5, Gemma 3 270M compressor and
     reader, reader-sentence targets, the new tokens' rows at 100x the learning rate (chosen on dev),
@@ -694,6 +720,7 @@ def experiment(preset: str):
     c.compressor.model = 'google/gemma-2b'
     c.kcomp.targets = 'teacher'
     c.kcomp.bertscore_model, c.kcomp.bertscore_layers = 'roberta-large', 17
+    k.retriever, k.dense_model, k.dense_depth = 'dense_bm25', 'facebook/contriever', 15  # §4.1, Fig. 2
     c.train.batch_size = 16
   elif preset == 'shared':
     # Sized for one session on 2 CPU cores; the measured stage minutes are in docs/results/kcomp.md.

@@ -164,6 +164,23 @@ class BM25Index:
   def search_batch(self, queries: Sequence[str], k: int = 20) -> list[list[Passage]]:
     return [self.search(q, k) for q in queries]
 
+  def rerank(self, query: str, passages: Sequence[Passage]) -> list[Passage]:
+    """``passages`` (of this index, matched by id) best BM25 score first, ``score`` set; ties keep
+    their given order (a dense retriever's pool re-ranked lexically, as K-COMP §4.1 does).
+
+    Raises:
+      KeyError: a passage whose id this index does not hold.
+    """
+    if not hasattr(self, '_row_of'):
+      self._row_of = {p.id: i for i, p in enumerate(self.passages)}  # pylint: disable=attribute-defined-outside-init
+    missing = [p.id for p in passages if p.id not in self._row_of]
+    if missing:
+      raise KeyError(f'{len(missing)} passage(s) not in this BM25 index, e.g. {missing[0]!r}')
+    scores = self.scores(query)
+    values = [float(scores[self._row_of[p.id]]) for p in passages]
+    order = sorted(range(len(passages)), key=lambda i: (-values[i], i))
+    return [dataclasses.replace(passages[i], score=values[i]) for i in order]
+
   def retrieve(self, examples: Sequence[Example], k: int = 20) -> list[Example]:
     """Examples with ``ctxs`` replaced by the top-``k`` passages for their question.
 
