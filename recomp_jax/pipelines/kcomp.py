@@ -47,7 +47,7 @@ from absl import logging
 from recomp_jax import provenance, sharding
 from recomp_jax.compressors import kcomp
 from recomp_jax.config_fields import Field
-from recomp_jax.data import medquad
+from recomp_jax.data import medical_qa, medquad
 from recomp_jax.data.entities import ENT, Gazetteer, Mention, SpacyEntities
 from recomp_jax.data.schema import Example, FilterReport, Passage
 from recomp_jax.data.stage_records import load_labels, read_examples, write_examples
@@ -79,10 +79,17 @@ EVAL_CODE = shared.READER_CODE + ('recomp_jax.compressors.kcomp', 'recomp_jax.ev
 _TEACHER = ('kcomp.targets', ('teacher',))
 _SENTENCES = ('kcomp.targets', ('reader_sentence',))
 _DENSE = ('kcomp.retriever', ('dense_bm25',))
+QUESTION_READERS = {'medquad': medquad.read_questions, 'mashqa': medical_qa.read_mashqa,
+                    'bioasq': medical_qa.read_bioasq}
+CORPUS_FORMATS = ('medquad', 'medcorp')
 
 # The task's config: the shared run, reader, optimiser and mesh fields, and its own sections.
 FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'encoder', 'eval')) + (
     Field('kcomp.corpus_path', '', 'the MedQuAD passage corpus (corpus_medquad.jsonl.gz)'),
+    Field('kcomp.corpus_format', 'medquad', "'medquad' or 'medcorp' (MedRAG's chunk JSONL: id, title, content)",
+          choices=CORPUS_FORMATS),
+    Field('kcomp.question_format', 'medquad', "the question files: 'medquad', 'mashqa' (SQuAD v2 JSON) or "
+          "'bioasq' (its training JSON)", choices=tuple(QUESTION_READERS)),
     Field('kcomp.train_path', '', 'training questions (MedQuAD JSONL, own_passage_ids per question)'),
     Field('kcomp.dev_path', '', 'dev questions (checkpoint and target choice)'),
     Field('kcomp.test_path', '', 'held-out test questions'),
@@ -169,6 +176,21 @@ def data_stage(split: str) -> str:
 # ----------------------------------------------------------------------------- data
 
 
+def read_corpus(config) -> list[medquad.MedPassage]:
+  """``kcomp.corpus_path`` in ``kcomp.corpus_format``."""
+  reader = medical_qa.read_medcorp if config.kcomp.corpus_format == 'medcorp' else medquad.read_corpus
+  return reader(config.kcomp.corpus_path)
+
+
+def read_questions(config, path: str, limit: int, skip: int = 0, report: FilterReport | None = None
+                   ) -> list[Example]:
+  """Questions ``skip`` to ``skip + limit`` (0 = all) of ``path`` in ``kcomp.question_format``;
+  ``report`` counts the MASH-QA / BioASQ questions dropped for want of an answer."""
+  fmt = config.kcomp.question_format
+  kwargs = {'report': report} if fmt != 'medquad' else {}
+  return QUESTION_READERS[fmt](path, max_examples=skip + limit if limit else 0, **kwargs)[skip:]
+
+
 def dense_search(config, corpus: Sequence[Passage], directory: str):
   """``(query, depth) -> passages`` of the dense retriever (``kcomp.dense_model``) over ``corpus``;
   the corpus embeddings are kept in ``{directory}/dense-<fingerprint>``."""
@@ -185,7 +207,7 @@ def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
   left out -> ``{split}.jsonl``; for the test split also how many questions name an entity (Table 1;
   the question is not masked)."""
   from recomp_jax.retrieval.bm25 import BM25Config, BM25Index  # pylint: disable=import-outside-toplevel  (builds an index)
-  records = medquad.read_corpus(config.kcomp.corpus_path)
+  records = read_corpus(config)
   corpus = [m.passage for m in records]
   index = BM25Index.build_or_load(corpus, os.path.join(directory, 'index'),
                                   BM25Config(k1=config.kcomp.bm25_k1, b=config.kcomp.bm25_b))
@@ -197,7 +219,8 @@ def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
   for split in splits:
     path, limit = paths[split]
     skip = config.kcomp.skip_test if split == 'test' else 0
-    examples = medquad.read_questions(path, max_examples=skip + limit if limit else 0)[skip:]
+    unanswered = FilterReport(f'read/{split}')
+    examples = read_questions(config, path, limit, skip, unanswered)
     report = FilterReport(f'retrieve/{split}')
     examples = medquad.retrieve_leaving_own_answer_out(search, examples, config.kcomp.top_docs, report,
                                                        rerank=rerank, depth=config.kcomp.dense_depth)
@@ -206,6 +229,7 @@ def stage_data(config, directory: str, splits: Sequence[str]) -> dict:
       raise shared.PipelineError(f'{len(leaks)} {split} question(s) retrieved their own answer, e.g. {leaks[0]!r}')
     write_examples(os.path.join(directory, f'{split}.jsonl'), examples)
     summary[split] = {'questions': len(examples), 'left_out': report.to_dict()['dropped'],
+                      'dropped_on_read': unanswered.to_dict()['dropped'],
                       'short_of_passages': sum(len(e.ctxs) < config.kcomp.top_docs for e in examples)}
     if split == 'test':
       finder = entity_finder(config, [m.passage.title for m in records])
@@ -237,7 +261,7 @@ def entity_finder(config, titles: Sequence[str]):
 def stage_knowledge(config, runner: StageRunner, directory: str) -> dict:
   """Table 1: per train / dev question its described entities -> ``{split}.jsonl`` (kept questions
   only: ``mentions`` ``[start, end, surface, title]`` and the ``pairs`` ``[surface, description]``)."""
-  corpus = medquad.read_corpus(config.kcomp.corpus_path)
+  corpus = read_corpus(config)
   finder = entity_finder(config, [m.passage.title for m in corpus])
   descriptions = kcomp.Descriptions(corpus)
   summary = {}
@@ -493,6 +517,9 @@ def run(config, workdir: str) -> dict | None:
   k = cfg['kcomp']
   summaries = {}
   retrieval = {f: k[f] for f in ('corpus_path', 'top_docs', 'bm25_k1', 'bm25_b')}
+  for f in ('corpus_format', 'question_format'):  # (absent for MedQuAD: earlier runs keep their stages)
+    if k[f] != 'medquad':
+      retrieval[f] = k[f]
   if k['retriever'] != 'bm25':  # (absent for BM25: runs made before the field keep their stages)
     retrieval.update({f: k[f] for f in ('retriever', 'dense_depth')},
                      dense=shared.model_fingerprint(k['dense_model'], 'encoder'))
@@ -696,9 +723,9 @@ ANSWERS = 'results/artifacts'
 def experiment(preset: str):
   """The presets of ``configs/medquad_kcomp.py``.
 
-  paper: Gemma-2B compressor, MedQuAD from the given files (the hub's MASH-QA / BioASQ / MedCorp
-    are not read yet), Contriever's 15 passages re-ranked by BM25, roberta-large BERTScore at
-    layer 17, the teacher at ``teacher.base_url``.
+  paper: Gemma-2B compressor, MedQuAD from the given files (MASH-QA, BioASQ and MedCorp files with
+    ``kcomp.question_format`` / ``kcomp.corpus_format`` and their paths), Contriever's 15 passages
+    re-ranked by BM25, roberta-large BERTScore at layer 17, the teacher at ``teacher.base_url``.
   shared: ``../shared/data/medquad``: the first 100 training and 16 dev questions, the first 300
     held-out test questions (the file is a seeded shuffle), BM25 top-5, Gemma 3 270M compressor and
     reader, reader-sentence targets, the new tokens' rows at 100x the learning rate (chosen on dev),
