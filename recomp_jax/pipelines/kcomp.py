@@ -732,7 +732,7 @@ def experiment(preset: str):
     2 epochs, the baseline rows' reader answers read from ``results/artifacts`` (run from the
     repository root): one session on 2 CPU cores.
   demo: Gemma 3 270M on 24 training questions, tested on 12 MedQuAD dev questions (never the
-    held-out file): the whole pipeline in about 15 minutes.
+    held-out file): the whole pipeline in about 10 minutes on 2 CPU cores.
   ci: a few questions with tiny models (tests set them).
   """
   c = default_config()
@@ -770,7 +770,7 @@ def experiment(preset: str):
     c.train.checkpoint_every = 10
     c.train.eval_qa_examples = 0
   elif preset == 'demo':
-    # Gemma 3 270M end to end in ~15 minutes on 2 CPU cores; its test questions are MedQuAD dev
+    # Gemma 3 270M end to end in ~10 minutes on 2 CPU cores; its test questions are MedQuAD dev
     # questions past the four it trains with as dev, so the demo never reads the held-out file.
     k.max_train, k.max_dev = 24, 4
     k.test_path, k.skip_test, k.max_test = k.dev_path, 4, 12
