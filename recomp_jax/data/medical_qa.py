@@ -26,7 +26,7 @@ from typing import Any
 
 from recomp_jax.data.formats import iter_jsonl, read_json
 from recomp_jax.data.medquad import MedPassage
-from recomp_jax.data.schema import DataError, Example, FilterReport, Location, Passage, require_str
+from recomp_jax.data.schema import Example, FilterReport, Location, Passage, require_str
 
 
 def _limit(out: list[Example], max_examples: int) -> list[Example]:
@@ -41,12 +41,9 @@ def read_mashqa(path: str | os.PathLike, *, max_examples: int = 0, report: Filte
     DataError: a malformed entry, named by file and JSON path (``data[i].paragraphs[j].qas[k].field``),
       or a question id seen twice.
   """
-  raw = read_json(path)
   where = Location(path)
-  if not isinstance(raw, dict) or not isinstance(raw.get('data'), list):
-    raise where.error('data', 'expected a SQuAD-style object with a "data" list')
   out, seen = [], set()
-  for i, article in enumerate(raw['data']):
+  for i, article in enumerate(_list(read_json(path), 'data', '', where)):
     for j, paragraph in enumerate(_list(article, 'paragraphs', f'data[{i}].', where)):
       context = require_str(paragraph, 'context', where, prefix=f'data[{i}].paragraphs[{j}].')
       for k, qa in enumerate(_list(paragraph, 'qas', f'data[{i}].paragraphs[{j}].', where)):
@@ -81,13 +78,9 @@ def read_bioasq(path: str | os.PathLike, *, max_examples: int = 0, report: Filte
   Raises:
     DataError: a malformed entry (file and ``questions[i].field``), or a question id seen twice.
   """
-  raw = read_json(path)
   where = Location(path)
-  questions = _list(raw, 'questions', '', where) if isinstance(raw, dict) else None
-  if questions is None:
-    raise where.error('questions', 'expected an object with a "questions" list')
   out, seen = [], set()
-  for i, q in enumerate(questions):
+  for i, q in enumerate(_list(read_json(path), 'questions', '', where)):
     at = f'questions[{i}].'
     qid, body = require_str(q, 'id', where, prefix=at), require_str(q, 'body', where, prefix=at)
     if qid in seen:
@@ -136,9 +129,10 @@ def read_medcorp(path: str | os.PathLike) -> list[MedPassage]:
 
 
 def _list(obj: Any, key: str, prefix: str, where: Location) -> list:
+  """``obj[key]`` as a list, else a DataError naming the file and the JSON path."""
   value = obj.get(key) if isinstance(obj, dict) else None
   if not isinstance(value, list):
-    raise DataError(where.path, None, prefix + key, f'expected a list, got {type(value).__name__}')
+    raise where.error(prefix + key, f'expected a list, got {type(value).__name__}')
   return value
 
 
