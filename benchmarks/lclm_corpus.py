@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import machine_line, print_table, timeit  # noqa: E402
+from common import demo_gemma_reader, machine_line, print_table, timeit  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -84,16 +84,10 @@ def main():
   from transformers import AutoModelForCausalLM
 
   from recomp_jax.data import formats
-  from recomp_jax.pretrained import load_pretrained
-  from recomp_jax.pretrained.demo import resolve_demo_model
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir
-  from recomp_jax.reader import Reader, lclm
+  from recomp_jax.reader import lclm
 
   print(machine_line(), flush=True)
-  hf_dir = convert_to_hf_dir(resolve_demo_model('', 'reader'))
-  pretrained = load_pretrained(hf_dir)
-  tokenizer = pretrained.tokenizer()
-  reader = Reader.from_model(pretrained.model, tokenizer, score_batch_size=32)
+  hf_dir, tokenizer, reader = demo_gemma_reader(score_batch_size=32)
   hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   retriever = lclm.CorpusRetriever(reader, max_context=32768)
   pool = formats.read_corpus(os.path.join(NQ, 'corpus_union14924.jsonl.gz'))

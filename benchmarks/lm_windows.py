@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import machine_line, print_table, timeit  # noqa: E402
+from common import demo_gemma_reader, machine_line, print_table, timeit  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -50,16 +50,9 @@ def main():
 
   from recomp_jax.data import wikitext
   from recomp_jax.evaluation import lm_metrics
-  from recomp_jax.pretrained import load_pretrained
-  from recomp_jax.pretrained.demo import resolve_demo_model
-  from recomp_jax.pretrained.gguf import convert_to_hf_dir
-  from recomp_jax.reader import Reader
 
   print(machine_line(), flush=True)
-  hf_dir = convert_to_hf_dir(resolve_demo_model('', 'reader'))
-  pretrained = load_pretrained(hf_dir)
-  tokenizer = pretrained.tokenizer()
-  reader = Reader.from_model(pretrained.model, tokenizer, score_batch_size=32)
+  hf_dir, tokenizer, reader = demo_gemma_reader(score_batch_size=32)
   hf32 = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   hf16 = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()
 
