@@ -19,12 +19,11 @@ On the command line, over a JSONL of ``{"id", "question", "ctxs": [{"title", "te
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from typing import Any, Sequence
 
-from recomp_jax.compressors.base import read_export
+from recomp_jax.compressors.base import load_exported, read_export
 from recomp_jax.data import formats
 from recomp_jax.data.schema import DataError, Location, Passage
 from recomp_jax.pipelines.runner import SYSTEMS, TASKS
@@ -37,11 +36,7 @@ def load_compressor(path: str):
     DataError: no ``compressor.json``, or one naming a system this package does not have.
   """
   spec = read_export(path)
-  if spec['system'] not in SYSTEMS and spec['system'] not in TASKS:
-    raise DataError(f'{path}/compressor.json', 1, 'system',
-                    f'{spec["system"]!r} is not one of {", ".join(sorted(SYSTEMS) + sorted(TASKS))}')
-  # a system's method module is recomp_jax/compressors/<name>.py (docs/adding_a_system.md)
-  return Compressor(spec, importlib.import_module(f'recomp_jax.compressors.{spec["system"]}').load(spec))
+  return Compressor(spec, load_exported(path, sorted(SYSTEMS) + sorted(TASKS)))
 
 
 def as_passages(documents: Sequence[Any]) -> list[Passage]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib.util
 import json
 import os
 from typing import Any, ClassVar, Sequence
@@ -90,6 +91,25 @@ def read_export(directory: str) -> dict:
   if not isinstance(spec, dict) or not isinstance(spec.get('system'), str):
     raise DataError(path, 1, 'system', 'missing (the system that trained the compressor)')
   return {k: os.path.normpath(os.path.join(directory, v)) if k in EXPORT_PATHS else v for k, v in spec.items()}
+
+
+def load_exported(directory: str, systems: Sequence[str] | None = None):
+  """The compressor exported to ``directory``: ``recomp_jax.compressors.<system>.load(spec)``, an
+  object with ``compress(questions, documents) -> list[str]``.
+
+  ``systems``: the systems accepted (None: any with a method module). A system's method module is
+  found by name, so no module here imports a system.
+
+  Raises:
+    DataError: no ``compressor.json``, or one naming a system not accepted or without a module.
+  """
+  spec = read_export(directory)
+  name = spec['system']
+  known = importlib.util.find_spec(f'recomp_jax.compressors.{name}') is not None if name.isidentifier() else False
+  if (systems is not None and name not in systems) or not known:
+    accepted = ', '.join(systems) if systems is not None else 'the systems of recomp_jax.compressors'
+    raise DataError(os.path.join(directory, EXPORT_FILE), 1, 'system', f'{name!r} is not one of {accepted}')
+  return importlib.import_module(f'recomp_jax.compressors.{name}').load(spec)
 
 
 @dataclasses.dataclass(frozen=True)
