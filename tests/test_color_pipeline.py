@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from recomp_jax import load_compressor
-from recomp_jax.compressors import color
+from recomp_jax.compressors import abstractive, color, extractive
+from recomp_jax.compressors.base import load_exported, write_export
 from recomp_jax.data import lclm as lclm_data
-from recomp_jax.data.schema import Passage
+from recomp_jax.data.schema import DataError, Passage
 from recomp_jax.evaluation import report
 from recomp_jax.pipelines import color as pipeline
 from recomp_jax.pipelines import runner
+from recomp_jax.pretrained.demo import resolve_demo_model
 from recomp_jax.reader import lclm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +44,14 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
   if reader == 'shallow_gemma':  # the preset's reader is the whole Gemma 3 270M
     config.reader.model = request.getfixturevalue('shallow_gemma_dir')
   config.teacher.model = tiny_gemma_dir
+  # The RECOMP rows read exported compressors; untrained ones here (MiniLM picking one sentence,
+  # the tiny Gemma writing): the rows' path is what is tested, not RECOMP's quality.
+  config.color.extractive_compressor = write_export(str(tmp_path / 'extractive'), extractive.export_spec(
+      resolve_demo_model('', 'encoder'), k=1, top_docs=1, max_candidates=0, pooling='mean', normalize=True,
+      max_length=128)).rsplit('/', 1)[0]
+  config.color.abstractive_compressor = write_export(str(tmp_path / 'abstractive'), abstractive.export_spec(
+      tiny_gemma_dir, top_docs=1, max_source_length=256, max_new_tokens=16, empty_threshold=0.0,
+      batch_size=8)).rsplit('/', 1)[0]
   results = runner.run(config, config.workdir)
   report.validate_results(json.loads(open(os.path.join(config.workdir, 'results.json')).read()))
   rows = {r['key']: r for r in results['rows']}
@@ -50,6 +60,14 @@ def test_ci_pipeline_end_to_end_and_resume(tmp_path, tiny_gemma_dir, reader, req
   assert rows['raw']['compression'] == pytest.approx(1.0)
   assert rows['titles']['compression'] > 2.0 and rows['titles']['prompt_tokens'] < rows['raw']['prompt_tokens']
   runs = pipeline.StageRunner(config.workdir)
+  assert results['stages']['compress']['extractive']['empty'] == 0
+
+  # RECOMP extractive: one sentence of each passage, without the title prefix its candidates carry.
+  extracted = pipeline.read_records(os.path.join(config.workdir, 'stages', 'compress', 'extractive.jsonl'))
+  for passage in pipeline.test_passages(runs):
+    text = extracted[passage.id]['text']
+    assert text and text in passage.text and not text.startswith(f'{passage.title}: ')
+  assert rows['extractive']['compression'] > 1.0
 
   # Corpora: within budget, distinct, each query's gold passage where the group says, spread out.
   retriever = pipeline.retriever(config, pipeline.shared.Resources(config, config.workdir))
@@ -125,12 +143,68 @@ def test_config_sections_and_rows():
   for preset in ('paper', 'shared', 'ci'):
     runner.config_fields.check(get_config(preset), runner.system_fields('color'), 'color')
   config = get_config('ci')
-  assert pipeline.requested_rows(config) == list(pipeline.ROW_KEYS)
+  recomp = [k for k in pipeline.ROW_KEYS if k not in pipeline.RECOMP]
+  assert pipeline.requested_rows(config) == recomp  # no exported RECOMP compressor: left out, and said
+  assert pipeline.left_out_rows(config) == ['extractive', 'abstractive']
+  config.color.extractive_compressor = '/nonexistent'
+  assert pipeline.requested_rows(config)[:5] == ['raw', 'titles', 'truncation', 'teacher', 'extractive']
+  with pytest.raises(pipeline.shared.PipelineError, match='/nonexistent: no compressor.json'):
+    pipeline.validate(config)
+  config = get_config('ci')
   config.train.num_steps = 0
   assert pipeline.requested_rows(config) == ['raw', 'titles', 'teacher', 'bm25', 'dense']
   config = get_config('ci')
   config.color.rows = ('raw', 'truncation')
   assert pipeline.requested_rows(config) == ['raw']  # truncation matches CoLoR's tokens
+
+
+def test_recomp_rows_read_their_own_exports(tmp_path):
+  assert pipeline.without_title('Paris: It is big.\nParis: It is old.', 'Paris') == 'It is big. It is old.'
+  assert pipeline.without_title('Lyon: a river town.', 'Paris') == 'Lyon: a river town.'
+  assert pipeline.without_title('x: y\n', '') == 'x: y'
+  directory = os.path.dirname(write_export(str(tmp_path / 'e'), extractive.export_spec(
+      str(tmp_path), k=1, top_docs=1, max_candidates=0, pooling='mean', normalize=True, max_length=0)))
+  with pytest.raises(DataError, match="compressor.json:1: field 'system': 'extractive' is not one of abstractive"):
+    load_exported(directory, ('abstractive',))
+
+
+def test_hotpotqa_corpora_hold_both_supporting_paragraphs_and_f1_at_2(tmp_path, tiny_gemma_dir):
+  path = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'hotpotqa', 'dev500_ircot.jsonl')
+  if not os.path.exists(path):
+    pytest.skip(f'{path} is absent (the shared data folder)')
+  from configs.hotpotqa_color import get_config
+  config = get_config('ci')
+  config.reader.model = tiny_gemma_dir  # the Gemma 3 tokenizer is what the corpora are counted in
+  config.train.num_steps = 0  # the data stage alone: no training split
+  runs = pipeline.StageRunner(str(tmp_path))
+  summary = runs.run('data', {}, lambda d: pipeline.stage_data(config, pipeline.shared.Resources(config, str(tmp_path)), d))
+  from recomp_jax.data import formats
+  file_ids = [e.id for e in formats.read_examples(path, limit=204)]
+  groups = pipeline.load_groups(runs, 'test')
+  assert [q for g in groups for q in g.queries] == file_ids[200:204]
+  assert summary['shots'] == file_ids[:1] and summary['test']['queries'] == 4
+  for g in groups:
+    for gold in g.gold:
+      assert len(gold) == 2 and len({g.corpus[i].title for i in gold}) == 2
+    assert all(len(s) == 2 for s in g.shot_gold)
+  config.color.skip_test = 0
+  with pytest.raises(pipeline.shared.PipelineError, match='few-shot examples .* would be test queries'):
+    pipeline.stage_data(config, pipeline.shared.Resources(config, str(tmp_path)), str(tmp_path))
+
+
+def test_aggregate_and_bootstrap_on_f1_at_2():
+  def record(row, f1):
+    return {'row': row, 'ids': ['a', 'b'], 'r1': [1.0, 0.0], 'f1_at_2': f1, 'passage_tokens': 10.0, 'prompt_tokens': [5, 5],
+            'gold_rank': [0, 3], 'bucket': [0, 4], 'r1_greedy': [], 'f1_at_2_greedy': [], 'invalid_ids': []}
+  records = {'raw': record('raw', [1.0, 0.5]), 'color@0': record('color@0', [0.5, 0.0]),
+             'color@1': record('color@1', [1.0, 0.0])}
+  rows, per_query = pipeline.aggregate(records, 10.0, 'f1_at_2')
+  by_key = {r['key']: r for r in rows}
+  assert by_key['raw']['f1_at_2'] == pytest.approx(75.0) and by_key['color']['f1_at_2'] == pytest.approx(37.5)
+  assert by_key['color']['r1'] == pytest.approx(50.0)
+  (entry,) = pipeline.bootstrap(per_query, 0, 'f1_at_2')
+  assert entry['metric'] == 'f1_at_2' and entry['delta'] == pytest.approx(37.5 - 75.0)
+  assert lclm.f1_at_k([3, 1], (1, 3), 2) == 1.0 and lclm.f1_at_k([3, 0], (1, 3), 2) == 0.5
 
 
 def test_preference_pairs_paper_and_released():

@@ -17,6 +17,8 @@ PRESETS = {
     'wow_filco.py': ('paper',),
     'wikitext_lm.py': ('paper', 'shared', 'ci'),
     'nq_truncation.py': ('shared', 'demo', 'ci'),
+    'nq_color.py': ('paper', 'shared', 'demo', 'ci'),
+    'hotpotqa_color.py': ('shared', 'ci'),
 }
 
 

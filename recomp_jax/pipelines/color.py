@@ -16,7 +16,9 @@ resumable in ``{workdir}/stages/<name>/`` (:mod:`recomp_jax.stages`):
    the entries before the passage are encoded once per query);
 4. ``train_{sft,orpo,color}_seed<s>``: Table 6's ablations through the shared fine-tuning path:
    SFT on the chosen candidates, ORPO without the length term, CoLoR (ORPO x length gap);
-5. ``compress``: the zero-shot teacher and each trained compressor compress every test passage;
+5. ``compress``: the zero-shot teacher, each trained compressor and the exported RECOMP compressors
+   (``color.extractive_compressor``, ``color.abstractive_compressor``: each passage alone, its title as
+   the question) compress every test passage;
 6. ``evaluate``: every row's corpora read by the long-context reader; R@1 by ranking (and by
    greedy generation with ``color.greedy``), R@1 by gold position (Fig. 4), compression rate,
    prompt tokens per query, a paired bootstrap of CoLoR against every row.
@@ -39,19 +41,22 @@ from absl import logging
 
 from recomp_jax import provenance, sharding
 from recomp_jax.compressors import color
+from recomp_jax.compressors.base import EXPORT_FILE, EXPORT_PATHS, load_exported, read_export, write_export
 from recomp_jax.config_fields import Field
 from recomp_jax.data import formats, lclm as lclm_data
 from recomp_jax.data.schema import FilterReport, Passage
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.pipelines import defaults, shared
 from recomp_jax.reader import lclm
-from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, read_records
+from recomp_jax.stages import ResumableJsonl, StageRunner, costs_table, file_fingerprint, map_resumable, read_records
 
 ROW_NAMES = {
     'raw': 'raw passages',
     'titles': 'titles only',
     'truncation': "truncation: each passage cut to CoLoR's mean tokens",
     'teacher': 'zero-shot compression (the teacher / base model)',
+    'extractive': 'RECOMP extractive (an exported compressor; the title as its query)',
+    'abstractive': 'RECOMP abstractive (an exported compressor; the title as its query)',
     'sft': 'SFT on the chosen compressions',
     'orpo': 'ORPO without the length term',
     'color': 'CoLoR: ORPO with the length term',
@@ -60,7 +65,8 @@ ROW_NAMES = {
 }
 ROW_KEYS = tuple(ROW_NAMES)
 TRAINED = ('sft', 'orpo', 'color')
-COMPRESSED = ('teacher',) + TRAINED
+RECOMP = ('extractive', 'abstractive')  # exported by RECOMP runs, read from color.<key>_compressor
+COMPRESSED = ('teacher',) + RECOMP + TRAINED
 SPLITS = ('train', 'dev', 'test')
 DATA_CODE = ('recomp_jax.data',)
 CANDIDATE_CODE = ('recomp_jax.compressors.color', 'recomp_jax.teacher', 'recomp_jax.data.sentences')
@@ -77,7 +83,13 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
     Field('color.corpus_path', '', 'the passage corpus random distractors come from'),
     Field('color.max_train', 0, 'training queries read, the first of the file (0 = all)', minimum=0),
     Field('color.max_dev', 0, 'dev queries (carved from the training file, seeded)', minimum=0),
-    Field('color.max_test', 0, 'test queries, the first of the file (0 = all)', minimum=0),
+    Field('color.max_test', 0, 'test queries, the first of the file after color.skip_test (0 = all)', minimum=0),
+    Field('color.skip_test', 0, 'test queries skipped before the first one read (HotpotQA: the first of the file '
+          'give the few-shot examples)', minimum=0),
+    Field('color.shots_path', '', "the file the few-shot examples are the first queries of ('' = color.train_path, "
+          'whose remaining queries are then train / dev)'),
+    Field('color.metric', 'r1', "the main metric: 'r1' (one gold passage: NQ) or 'f1_at_2' (two: HotpotQA)",
+          choices=('r1', 'f1_at_2')),
     Field('color.shots', 5, 'few-shot examples in every prompt (their gold passages join every corpus)', minimum=0),
     Field('color.queries_per_group', 20, 'test queries sharing one corpus', minimum=1),
     Field('color.budget_tokens', 8192, 'raw tokens of a test corpus (LOFT: 128k)', minimum=64),
@@ -100,6 +112,10 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
     Field('color.answer_tokens', 16, 'greedy tokens per query', minimum=1),
     Field('color.rows', ('all',), "'all' or row keys: " + ', '.join(ROW_KEYS), element=str,
           choices=('all',) + ROW_KEYS),
+    Field('color.extractive_compressor', '', "an exported RECOMP extractive compressor (an nq_extractive run's "
+          "{workdir}/compressor) for the extractive row; '' leaves the row out"),
+    Field('color.abstractive_compressor', '', "an exported RECOMP abstractive compressor (an nq_abstractive run's "
+          "{workdir}/compressor) for the abstractive row; '' leaves the row out"),
     Field('color.bm25_k1', 0.9, 'BM25 k1 of the bm25 row', minimum=0.0),
     Field('color.bm25_b', 0.4, 'BM25 b of the bm25 row', minimum=0.0),
     Field('teacher.max_tokens', 96, 'compression tokens', minimum=1),
@@ -110,6 +126,7 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
 
 def requested_rows(config) -> list[str]:
   keys = list(ROW_KEYS) if 'all' in tuple(config.color.rows) else [k for k in ROW_KEYS if k in config.color.rows]
+  keys = [k for k in keys if k not in RECOMP or recomp_export(config, k)]
   if not shared.trains(config):
     keys = [k for k in keys if k not in TRAINED + ('truncation',)]
   elif 'truncation' in keys and 'color' not in keys:
@@ -117,8 +134,24 @@ def requested_rows(config) -> list[str]:
   return keys
 
 
+def recomp_export(config, key: str) -> str:
+  """``color.{key}_compressor``: the exported RECOMP compressor of row ``key`` ('' = none)."""
+  return config.color[f'{key}_compressor']
+
+
+def left_out_rows(config) -> list[str]:
+  """The RECOMP rows asked for but without an exported compressor (reported, not silently dropped)."""
+  asked = ROW_KEYS if 'all' in tuple(config.color.rows) else tuple(config.color.rows)
+  return [k for k in RECOMP if k in asked and not recomp_export(config, k)]
+
+
 def validate(config) -> None:
   c = config.color
+  for key in RECOMP:
+    path = recomp_export(config, key)
+    if path and not os.path.exists(os.path.join(path, EXPORT_FILE)):
+      raise shared.PipelineError(f'{path}: no {EXPORT_FILE} (color.{key}_compressor: a RECOMP run\'s '
+                                 '{workdir}/compressor directory)')
   fields = [('color.test_path', c.test_path), ('color.corpus_path', c.corpus_path)]
   if shared.trains(config):
     fields.append(('color.train_path', c.train_path))
@@ -131,7 +164,8 @@ def validate(config) -> None:
 
 def input_files(config) -> list[str]:
   c = config.color
-  return [p for p in (c.train_path if shared.trains(config) else '', c.test_path, c.corpus_path) if p]
+  paths = [c.train_path if shared.trains(config) else '', c.test_path, c.corpus_path, c.shots_path]
+  return list(dict.fromkeys(p for p in paths if p))
 
 
 def retriever(config, resources) -> lclm.CorpusRetriever:
@@ -164,13 +198,22 @@ def stage_data(config, resources, directory: str) -> dict:
   summary: dict = {'pool_passages': len(pool)}
   splits: dict[str, list[lclm_data.Query]] = {}
   report = FilterReport('color/queries')
-  test = lclm_data.queries_from_examples(formats.read_examples(c.test_path, limit=c.max_test or None), report)
+  limit = c.skip_test + c.max_test if c.max_test else None
+  test = lclm_data.queries_from_examples(formats.read_examples(c.test_path, limit=limit)[c.skip_test:], report)
   shots: list[lclm_data.Query] = []
   if shared.trains(config) or c.shots:
     train_all = lclm_data.queries_from_examples(formats.read_examples(c.train_path), report) if c.train_path else []
-    shots, rest = train_all[:c.shots], train_all[c.shots:]
+    if c.shots_path:
+      shots = lclm_data.queries_from_examples(formats.read_examples(c.shots_path, limit=c.shots), report)
+      rest = train_all
+    else:
+      shots, rest = train_all[:c.shots], train_all[c.shots:]
     if len(shots) < c.shots:
-      raise shared.PipelineError(f'{c.train_path}: {len(shots)} queries for color.shots={c.shots} few-shot examples')
+      raise shared.PipelineError(f'{c.shots_path or c.train_path}: {len(shots)} queries for color.shots={c.shots} '
+                                 'few-shot examples')
+    if c.shots_path and os.path.abspath(c.shots_path) == os.path.abspath(c.test_path) and c.skip_test < c.shots:
+      raise shared.PipelineError(f'color.skip_test={c.skip_test} < color.shots={c.shots}: the few-shot examples '
+                                 f'(the first queries of {c.shots_path}) would be test queries too')
     order = np.random.default_rng(config.seed).permutation(len(rest))
     dev_ids = set(order[:c.max_dev].tolist()) if c.max_dev else set()
     dev = [q for i, q in enumerate(rest) if i in dev_ids]
@@ -391,7 +434,6 @@ def test_passages(runner: StageRunner) -> list[Passage]:
 def stage_compress(config, runner: StageRunner, directory: str) -> dict:
   """Every test passage compressed by the zero-shot teacher and each trained compressor ->
   ``{name}_seed<s>.jsonl`` / ``teacher.jsonl`` (``text``, seconds per passage; resumable)."""
-  from recomp_jax.stages import map_resumable  # pylint: disable=import-outside-toplevel
   passages = test_passages(runner)
   summary = {'passages': len(passages)}
   if 'teacher' in requested_rows(config):
@@ -404,6 +446,11 @@ def stage_compress(config, runner: StageRunner, directory: str) -> dict:
         out.append({'id': p.id, 'text': text, 'seconds': seconds})
     out.close()
     summary['teacher'] = {'failures': failures, 'seconds_per_passage': seconds}
+  for key in RECOMP:
+    if key in requested_rows(config):
+      records = recomp_compressions(recomp_export(config, key), key, passages, directory)
+      summary[key] = {'empty': sum(not r['text'] for r in records.values()),
+                      'seconds_per_passage': float(np.mean([r['seconds'] for r in records.values()]))}
   c = config.compressor
   for name in TRAINED:
     if name not in requested_rows(config):
@@ -423,6 +470,38 @@ def stage_compress(config, runner: StageRunner, directory: str) -> dict:
       summary[f'{name}_seed{seed}'] = {'empty': sum(not r['text'] for r in records.values()),
                                        'seconds_per_passage': float(np.mean([r['seconds'] for r in records.values()]))}
   return summary
+
+
+def without_title(text: str, title: str) -> str:
+  """An extractive compression's sentences on one line, each without the ``'{title}: '`` prefix
+  RECOMP gives its candidates (the corpus entry names the title already)."""
+  prefix = f'{title}: ' if title else ''
+  lines = [line[len(prefix):] if prefix and line.startswith(prefix) else line for line in text.split('\n')]
+  return ' '.join(line.strip() for line in lines if line.strip())
+
+
+def recomp_compressions(path: str, key: str, passages: Sequence[Passage], directory: str) -> dict[str, dict]:
+  """Every test passage compressed by the RECOMP compressor exported to ``path`` -> ``{key}.jsonl``.
+
+  RECOMP compresses a question's documents; an LCLM corpus is compressed before any query
+  arrives (one corpus serves every query of its group), so each passage is compressed alone with
+  its title as the question, and the extractive sentences lose their title prefix.
+  """
+  compressor = load_exported(path, (key,))
+
+  def run(part):
+    start = time.perf_counter()
+    texts = compressor.compress([p.title for p in part], [[p] for p in part])
+    seconds = (time.perf_counter() - start) / len(part)
+    return [{'text': without_title(t, p.title), 'seconds': seconds} for t, p in zip(texts, part)]
+
+  return map_resumable(os.path.join(directory, f'{key}.jsonl'), passages, run, chunk=32, desc=f'compress {key}')
+
+
+def export_inputs(path: str) -> dict:
+  """What a row read from an exported compressor depends on: its fields and its files' contents."""
+  spec = read_export(path)
+  return {k: file_fingerprint(v) if k in EXPORT_PATHS else v for k, v in spec.items()}
 
 
 def row_contents(key: str, passages: Sequence[Passage], compressed: dict | None, tokenizer, tokens: int | None
@@ -470,13 +549,13 @@ def stage_evaluate(config, runner: StageRunner, resources, directory: str) -> di
       continue
     compressed = None
     if key in COMPRESSED:
-      name = 'teacher' if key == 'teacher' else f'{key}_seed{seed}'
+      name = key if key in ('teacher',) + RECOMP else f'{key}_seed{seed}'
       compressed = read_records(os.path.join(runner.stage_dir('compress'), f'{name}.jsonl'))
     tokens = None
     if key == 'truncation':
       tokens = max(int(round(done.records[f'color@{seed}']['content_tokens'])), 1)
-    record = {'row': row_id, 'key': key, 'ids': [], 'r1': [], 'gold_rank': [], 'bucket': [], 'prompt_tokens': [],
-              'r1_greedy': [], 'invalid_ids': [], 'answers': []}
+    record = {'row': row_id, 'key': key, 'ids': [], 'r1': [], 'f1_at_2': [], 'gold_rank': [], 'bucket': [],
+              'prompt_tokens': [], 'r1_greedy': [], 'f1_at_2_greedy': [], 'invalid_ids': [], 'answers': []}
     passage_tokens, content_tokens, start = [], [], time.perf_counter()
     for group in groups:
       titles = [p.title for p in group.corpus]
@@ -495,12 +574,14 @@ def stage_evaluate(config, runner: StageRunner, resources, directory: str) -> di
         if config.color.greedy:
           predicted, invalid, answers = lcr.greedy(titles, contents, shots, texts, where=f'test corpus {group.id}')
           record['r1_greedy'] += [lclm.recall_at_1(p, gold) for p, gold in zip(predicted, group.gold)]
+          record['f1_at_2_greedy'] += [lclm.f1_at_k(p, gold, 2) for p, gold in zip(predicted, group.gold)]
           record['invalid_ids'] += invalid
           record['answers'] += answers
       for qid, row, gold in zip(group.queries, scores, group.gold):
         ranking = [int(i) for i in np.argsort(-row, kind='stable')]
         record['ids'].append(qid)
         record['r1'].append(lclm.recall_at_1(ranking, gold))
+        record['f1_at_2'].append(lclm.f1_at_k(ranking, gold, 2))
         record['gold_rank'].append(min(ranking.index(g) for g in gold))
         record['bucket'].append(lclm_data.position_bucket(gold[0], len(group.corpus)))
     record['passage_tokens'] = float(np.mean(passage_tokens)) if passage_tokens else 0.0
@@ -568,6 +649,9 @@ def run(config, workdir: str) -> dict | None:
         deps.append(stage)
   compress_inputs = {'rows': requested_rows(config), 'seeds': list(config.train.seeds), 'teacher': teacher,
                      'generation': {f: cfg['compressor'][f] for f in ('max_new_tokens',)}}
+  for key in RECOMP:  # (absent when the row is: the inputs of runs before these rows)
+    if key in requested_rows(config):
+      compress_inputs[key] = export_inputs(recomp_export(config, key))
   summaries['compress'] = runner.run('compress', compress_inputs, lambda d: stage_compress(config, runner, d),
                                      deps=tuple(deps), code=TRAIN_CODE + CANDIDATE_CODE, resumable=True,
                                      collective=False)
@@ -584,14 +668,15 @@ def run(config, workdir: str) -> dict | None:
 
 def export(config, runner: StageRunner, directory: str) -> str:
   """``{directory}/compressor.json`` of the first seed's CoLoR (``recomp_jax.load_compressor``)."""
-  from recomp_jax.compressors.base import write_export  # pylint: disable=import-outside-toplevel
   model = os.path.join(runner.stage_dir(f'train_color_seed{min(config.train.seeds)}'), 'compressor_best')
   return write_export(directory, color.export_spec(model, max_new_tokens=config.compressor.max_new_tokens,
                                                    batch_size=config.compressor.generate_batch_size))
 
 
-def aggregate(records: dict[str, dict], raw_passage_tokens: float) -> tuple[list[dict], dict[str, dict]]:
-  """Schema rows (trained rows: the mean over seeds per query) and per row key the per-query R@1."""
+def aggregate(records: dict[str, dict], raw_passage_tokens: float, metric: str = 'r1'
+              ) -> tuple[list[dict], dict[str, dict]]:
+  """Schema rows (trained rows: the mean over seeds per query) and per row key the per-query
+  ``metric`` (``'r1'`` or ``'f1_at_2'``; ``'<key>:greedy'`` for the greedy rule's)."""
   rows, per_query = [], {}
   for key in ROW_KEYS:
     recs = [r for rid, r in sorted(records.items()) if rid.split('@')[0] == key]
@@ -606,20 +691,24 @@ def aggregate(records: dict[str, dict], raw_passage_tokens: float) -> tuple[list
            'mean_gold_rank': float(np.mean([np.mean(r['gold_rank']) for r in recs])),
            'r1_by_position': [100.0 * float(np.mean([x for x, b in zip(r1, recs[0]['bucket']) if b == k]))
                               if k in recs[0]['bucket'] else None for k in range(5)]}
+    if recs[0].get('f1_at_2'):  # (absent from the records of runs before the field)
+      row['f1_at_2'] = 100.0 * float(np.mean([np.mean(r['f1_at_2']) for r in recs]))
     if recs[0]['r1_greedy']:
       row['r1_greedy'] = 100.0 * float(np.mean([np.mean(r['r1_greedy']) for r in recs]))
+      if recs[0].get('f1_at_2_greedy'):
+        row['f1_at_2_greedy'] = 100.0 * float(np.mean([np.mean(r['f1_at_2_greedy']) for r in recs]))
       row['invalid_ids'] = int(sum(sum(r['invalid_ids']) for r in recs))
-      per_query[f'{key}:greedy'] = np.mean([r['r1_greedy'] for r in recs], axis=0)
+      per_query[f'{key}:greedy'] = np.mean([r[f'{metric}_greedy'] for r in recs], axis=0)
     if '@' in recs[0]['row']:
       row['seeds'] = [int(r['row'].split('@')[1]) for r in recs]
       row['r1_per_seed'] = [100.0 * float(np.mean(r['r1'])) for r in recs]
     rows.append(row)
-    per_query[key] = r1
+    per_query[key] = np.mean([r[metric] for r in recs], axis=0)
   return rows, per_query
 
 
-def bootstrap(per_query: dict[str, np.ndarray], seed: int) -> list[dict]:
-  """CoLoR minus every other row, R@1 by ranking (percentage points, 95% interval)."""
+def bootstrap(per_query: dict[str, np.ndarray], seed: int, metric: str = 'r1') -> list[dict]:
+  """CoLoR minus every other row, ``metric`` by ranking (percentage points, 95% interval)."""
   out = []
   if 'color' not in per_query:
     return out
@@ -627,7 +716,7 @@ def bootstrap(per_query: dict[str, np.ndarray], seed: int) -> list[dict]:
     if b == 'color' or ':' in b:
       continue
     r = qa_metrics.paired_bootstrap(per_query['color'], other, seed=seed)
-    out.append({'a': 'color', 'b': b, 'metric': 'r1', 'delta': 100 * r.diff, 'lo': 100 * r.low, 'hi': 100 * r.high,
+    out.append({'a': 'color', 'b': b, 'metric': metric, 'delta': 100 * r.diff, 'lo': 100 * r.low, 'hi': 100 * r.high,
                 'p_value': r.p_value, 'n': len(other)})
   return out
 
@@ -662,6 +751,9 @@ def notes(config, summaries: dict) -> list[str]:
                  f"candidate {p['no_success']}, no longer rejected one {p['no_rejected']}, rejected candidates not "
                  f"longer than the chosen dropped {p['rejected_not_longer']}, empty chosen compressions "
                  f"{p.get('empty_chosen', 0)}.")
+  left = left_out_rows(config)
+  if left:
+    out.append('Rows left out: ' + '; '.join(f'{k} (color.{k}_compressor is empty)' for k in left) + '.')
   out.append(f'Variant: {c.variant}; lambda {c.orpo_lambda}.')
   return out
 
@@ -674,7 +766,8 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict) ->
   from recomp_jax.evaluation import report  # pylint: disable=import-outside-toplevel
   records = read_records(os.path.join(runner.stage_dir('evaluate'), 'rows.jsonl'), key='row')
   raw = records.get('raw') or next(iter(records.values()))
-  rows, per_query = aggregate(records, raw['passage_tokens'])
+  metric = config.color.metric
+  rows, per_query = aggregate(records, raw['passage_tokens'], metric)
   costs = runner.costs()
   trained = next((v for name, v in summaries.items() if name.startswith('train_color_seed')), {})
   results = {
@@ -682,16 +775,17 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict) ->
       'source_hash': provenance.source_hash(), 'data_hashes': provenance.data_hashes(input_files(config)),
       'versions': provenance.versions(), 'config': config.to_dict(),
       'train_questions': int(trained.get('examples', 0)), 'seeds': list(config.train.seeds) if trained else [],
-      'n': int(summaries['evaluate']['test_queries']), 'rows': rows, 'bootstrap': bootstrap(per_query, config.seed),
-      'main_metric': 'r1', 'stage_seconds': dict(runner.timings), 'stage_costs': costs, 'stages': summaries,
+      'n': int(summaries['evaluate']['test_queries']), 'rows': rows, 'bootstrap': bootstrap(per_query, config.seed, metric),
+      'main_metric': metric, 'stage_seconds': dict(runner.timings), 'stage_costs': costs, 'stages': summaries,
       'notes': notes(config, summaries),
       'extra_tables': [{'title': 'Fig. 4: R@1 (ranking) by the gold passage\'s position in the corpus (0% = start)',
                         'header': ['row', '0-20%', '20-40%', '40-60%', '60-80%', '80-100%'],
                         'rows': [[r['key']] + ['-' if v is None else f'{v:.1f}' for v in r['r1_by_position']]
                                  for r in rows]},
-                       {'title': 'Greedy generation (the paper\'s rule): R@1 and IDs naming no passage',
-                        'header': ['row', 'R@1 greedy', 'invalid IDs'],
-                        'rows': [[r['key'], f"{r['r1_greedy']:.1f}", str(r['invalid_ids'])]
+                       {'title': 'Greedy generation (the paper\'s rule): R@1, F1@2 and IDs naming no passage',
+                        'header': ['row', 'R@1 greedy', 'F1@2 greedy', 'invalid IDs'],
+                        'rows': [[r['key'], f"{r['r1_greedy']:.1f}",
+                                  f"{r['f1_at_2_greedy']:.1f}" if 'f1_at_2_greedy' in r else '-', str(r['invalid_ids'])]
                                  for r in rows if 'r1_greedy' in r]},
                        costs_table(costs)],
   }
@@ -700,7 +794,8 @@ def write_results(config, runner: StageRunner, workdir: str, summaries: dict) ->
   with open(os.path.join(workdir, 'predictions.jsonl'), 'w', encoding='utf-8') as f:
     for row_id, r in records.items():
       for i, qid in enumerate(r['ids']):
-        f.write(json.dumps({'row': row_id, 'id': qid, 'r1': r['r1'][i], 'gold_rank': r['gold_rank'][i],
+        f.write(json.dumps({'row': row_id, 'id': qid, 'r1': r['r1'][i],
+                            **({'f1_at_2': r['f1_at_2'][i]} if r.get('f1_at_2') else {}), 'gold_rank': r['gold_rank'][i],
                             'bucket': r['bucket'][i], 'prompt_tokens': r['prompt_tokens'][i],
                             **({'r1_greedy': r['r1_greedy'][i], 'answer': r['answers'][i]} if r['r1_greedy'] else {})},
                            ensure_ascii=False) + '\n')
@@ -738,6 +833,7 @@ def experiment(preset: str):
     accelerator; the teacher at ``teacher.base_url``.
   shared: ``../shared/data/nq``: test corpora of ~8k raw tokens over the first 300 held-out
     queries, label corpora of ~2k tokens (3 queries each), Gemma 3 270M as reader, teacher and compressor.
+  demo: 8 of the 50 demo queries in two 1k-token corpora, 8 training queries, 4 training steps.
   ci: a few queries with tiny compressors (tests set them).
   """
   c = default_config()
@@ -762,6 +858,26 @@ def experiment(preset: str):
     c.train.eval_every = 20
     c.train.checkpoint_every = 20
     c.train.eval_qa_examples = 0
+  elif preset == 'demo':  # the 50 demo questions (disjoint from the training file and eval/) as the test side
+    k.test_path = f'{NQ}/demo50_bm25top5.jsonl'
+    k.max_train, k.max_dev, k.max_test = 8, 2, 8
+    k.shots = 1
+    k.queries_per_group, k.budget_tokens = 4, 1024
+    k.label_queries_per_group, k.label_budget_tokens, k.label_gold_at = 1, 640, 'end'
+    k.teacher_temperatures = (0.0, 1.0)
+    k.answer_tokens = 8
+    c.teacher.max_tokens = 48
+    c.compressor.max_source_length = 256
+    c.compressor.max_target_length = 64
+    c.compressor.max_new_tokens = 48
+    c.train.epochs = 0.0
+    c.train.num_steps = 4
+    c.train.batch_size = 2
+    c.train.learning_rate = 5e-6
+    c.train.eval_every = 4
+    c.train.checkpoint_every = 4
+    c.train.log_every = 1
+    c.train.eval_qa_examples = 0
   elif preset == 'ci':
     k.max_train, k.max_dev, k.max_test = 6, 2, 4
     k.shots = 1
@@ -782,7 +898,7 @@ def experiment(preset: str):
     c.train.log_every = 1
     c.train.eval_qa_examples = 0
   else:
-    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, ci')
+    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c
 
 
