@@ -1,5 +1,6 @@
 """Gemma 1/2/3 parity with Hugging Face transformers (tiny random models) and decoding tests."""
 
+import functools
 import json
 import os
 
@@ -313,6 +314,27 @@ def test_cached_steps_match_uncached_forward(family, chunks):
   assert np.abs(cached - full)[real].max() <= 1e-4
   assert int(cache.length) == 20
   np.testing.assert_array_equal(np.asarray(cache.next_position), mask.sum(1))
+
+
+@pytest.mark.parametrize('chunk', [6, 10, 40])
+def test_prefill_in_chunks_equals_one_prefill(family, chunk):
+  """A long prompt prefilled 6 tokens at a time (first chunk 5, pads inside it; chunks shorter
+  than the window of 8, the whole prompt longer than it) leaves the last hidden state and a cache
+  that continue as one prefill's do; a chunk over the prompt is one prefill."""
+  _, _, loaded = family
+  model = loaded.model
+  ids, mask = _batch(7, 23, pads=(0, 3))
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  hidden, whole = model.prefill(ids, mask, model.init_cache(2, 26), return_hidden=True)
+  last, chunked = jax.jit(functools.partial(model.prefill_in_chunks, chunk=chunk))(ids, mask, model.init_cache(2, 26))
+  assert np.abs(np.asarray(last) - np.asarray(hidden[:, -1])).max() <= 1e-4
+  tokens = jnp.asarray([5, 9])
+  for _ in range(3):
+    ref, whole = model.decode_step(tokens, whole)
+    ours, chunked = model.decode_step(tokens, chunked)
+    assert np.abs(np.asarray(ours) - np.asarray(ref)).max() <= 1e-4
+    tokens = jnp.argmax(ref, -1)
+  assert int(chunked.length) == 26
 
 
 def test_shared_prefix_cache_reuse(family):

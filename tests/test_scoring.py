@@ -224,11 +224,17 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
     scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
 
 
-def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypatch):
+@pytest.mark.parametrize('prefill_chunk', [None, 16])
+def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypatch, prefill_chunk):
   """Corpus-in-context scoring: one long prefix (several windows), ragged queries (5 > batch_size,
   so two windows of queries), each with its own candidates; every candidate equals its full
-  string, the prefix is prefilled once and each query once."""
+  string, the prefix is prefilled once and each query once. ``prefill_chunk=16``: the prefix
+  prefilled 16 tokens at a time (a long corpus's path), the rings holding the query slack."""
   hf, model = gemma_pair
+  if prefill_chunk:
+    from recomp_jax.models import gemma
+    monkeypatch.setattr(gemma, 'PREFILL_CHUNK', prefill_chunk)
+    jax.clear_caches()  # the chunk is read at trace time: no compiled prefix of the other size
   tokenizer = _char_tokenizer()
   prefixes, extends = [], []
   encode, extend = scoring._slack_prefix_jit, scoring._extend_jit

@@ -54,7 +54,7 @@ def _generate_from_prefix(graphdef, state, prefix_ids, prefix_mask, input_ids, a
   batch, chunk = input_ids.shape
   capacity = prefix_ids.shape[1] + chunk + sampling.max_new_tokens
   prefix = model.init_cache(1, capacity, ring_slack=chunk)
-  _, prefix = model.prefill(prefix_ids, prefix_mask, prefix)
+  _, prefix = model.prefill_in_chunks(prefix_ids, prefix_mask, prefix)  # a long corpus: chunk by chunk
   first_logits, cache = model.prefill(input_ids, attention_mask, prefix.take(jnp.zeros((batch,), jnp.int32)))
   step = lambda tokens, cache, _: model.decode_step(tokens, cache)
   return decoding.decode_loop(step, cache, first_logits, rng=rng, stop_mask=stop_mask,

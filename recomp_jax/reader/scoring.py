@@ -247,9 +247,8 @@ class PrefixState(NamedTuple):
 def encode_prefix(model: GemmaModel, prefix_ids: jax.Array, prefix_mask: jax.Array,
                   capacity: int) -> PrefixState:
   """Prefills ``prefix_ids [1, P]`` (left-padded, ``prefix_mask [1, P]``) into a cache of ``capacity``."""
-  cache = model.init_cache(prefix_ids.shape[0], capacity)
-  hidden, cache = model.prefill(prefix_ids, prefix_mask, cache, return_hidden=True)  # [1, P, D]
-  return PrefixState(cache, hidden[:, -1])
+  last, cache = model.prefill_in_chunks(prefix_ids, prefix_mask, model.init_cache(prefix_ids.shape[0], capacity))
+  return PrefixState(cache, last)
 
 
 def _batch_constrained(cache: DecodeCache) -> DecodeCache:
@@ -341,8 +340,8 @@ def _prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity):
 def _slack_prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity, slack):
   model = nnx.merge(graphdef, state)
   cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=slack)
-  hidden, cache = model.prefill(prefix_ids, prefix_mask, cache, return_hidden=True)
-  return PrefixState(cache, hidden[:, -1])
+  last, cache = model.prefill_in_chunks(prefix_ids, prefix_mask, cache)  # a long corpus: chunk by chunk
+  return PrefixState(cache, last)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef',))
