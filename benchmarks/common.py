@@ -67,11 +67,16 @@ def print_table(title: str, rows: list[dict], unit: str) -> str:
   lines = [f'### {title}', '',
            f'| case | ours fp32 ({unit}) | HF fp32 ({unit}) | HF bf16 ({unit}) | ours / HF fp32 | ours / HF bf16 |',
            '|---|---|---|---|---|---|']
-  for r in rows:
-    bf16 = r.get('hf_bf16')
-    lines.append(f"| {r['case']} | {r['ours']:.1f} | {r['hf_fp32']:.1f} | "
-                 f"{'-' if bf16 is None else f'{bf16:.1f}'} | {r['ours'] / r['hf_fp32']:.2f}x | "
-                 f"{'-' if bf16 is None else format(r['ours'] / bf16, '.2f') + 'x'} |")
+  def rate(value) -> str:
+    return '-' if value is None else f'{value:.1f}'
+
+  def ratio(ours, theirs) -> str:
+    return '-' if theirs is None else f'{ours / theirs:.2f}x'
+
+  for r in rows:  # a case HF did not run (e.g. out of memory) has no hf_fp32
+    fp32, bf16 = r.get('hf_fp32'), r.get('hf_bf16')
+    lines.append(f"| {r['case']} | {r['ours']:.1f} | {rate(fp32)} | {rate(bf16)} | {ratio(r['ours'], fp32)} | "
+                 f"{ratio(r['ours'], bf16)} |")
   text = '\n'.join(lines)
   print(text, flush=True)
   return text

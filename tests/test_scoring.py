@@ -224,13 +224,16 @@ def test_many_prefixes_equal_full_strings_and_hf(gemma_pair, monkeypatch):
     scorer.score_ids_with_prefixes(prefix_ids, [3], [[]], [[5]])
 
 
-@pytest.mark.parametrize('prefill_chunk', [None, 16])
-def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypatch, prefill_chunk):
+@pytest.mark.parametrize('prefill_chunk,cache_bytes', [(None, None), (16, None), (None, 1)])
+def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypatch, prefill_chunk, cache_bytes):
   """Corpus-in-context scoring: one long prefix (several windows), ragged queries (5 > batch_size,
   so two windows of queries), each with its own candidates; every candidate equals its full
   string, the prefix is prefilled once and each query once. ``prefill_chunk=16``: the prefix
-  prefilled 16 tokens at a time (a long corpus's path), the rings holding the query slack."""
+  prefilled 16 tokens at a time (a long corpus's path), the rings holding the query slack.
+  ``cache_bytes=1``: no row's cache fits the budget, so one row per call (a 32k corpus's path)."""
   hf, model = gemma_pair
+  if cache_bytes:
+    monkeypatch.setattr(scoring, 'CONTINUATION_CACHE_BYTES', cache_bytes)
   if prefill_chunk:
     from recomp_jax.models import gemma
     monkeypatch.setattr(gemma, 'PREFILL_CHUNK', prefill_chunk)
@@ -250,7 +253,8 @@ def test_queries_after_one_prefix_equal_full_strings_and_hf(gemma_pair, monkeypa
   assert len(prefix_ids) > 4 * WINDOW
   got = scorer.score_ids_after_queries(prefix_ids, tokenizer(queries, add_special_tokens=False)['input_ids'], owners,
                                        tokenizer(targets, add_special_tokens=False)['input_ids'])
-  assert len(prefixes) == 1 and [shape[0] for shape in extends] == [4, 1]
+  assert len(prefixes) == 1 and [shape[0] for shape in extends] == ([1] * 5 if cache_bytes else [4, 1])
+  assert scorer.rows_within_cache_budget(10_000, 16) == (1 if cache_bytes else 4)
   full = scorer.score_details([corpus + queries[g] for g in owners], targets)
   np.testing.assert_allclose(got.total, full.total, atol=TOL, rtol=0)
   np.testing.assert_array_equal(got.num_tokens, full.num_tokens)
