@@ -47,7 +47,8 @@ def test_help_lists_systems_presets_and_fields():
   out = _main('--help')
   assert out.returncode == 0
   assert 'systems (config.system): abstractive, extractive, filco, truncation, color, kcomp, lm' in out.stdout
-  assert 'configs/nq_color.py: paper, shared, ci' in out.stdout and "--config.color.variant='paper'" in out.stdout
+  assert 'configs/nq_color.py: paper, shared, demo, ci' in out.stdout and "--config.color.variant='paper'" in out.stdout
+  assert 'configs/hotpotqa_color.py: shared, ci' in out.stdout and "--config.color.metric='r1'" in out.stdout
   assert 'configs/nq_truncation.py: shared, demo, ci' in out.stdout and '--config.truncation.tokens=48' in out.stdout
   assert 'configs/wikitext_lm.py: paper, shared, shared_abstractive, ci' in out.stdout and "--config.lm.stride=32" in out.stdout
   assert 'configs/medquad_kcomp.py: paper, shared, demo, ci' in out.stdout and "--config.kcomp.variant='paper'" in out.stdout
