@@ -139,7 +139,8 @@ def test_every_presets_reader_answer_seed_is_a_committed_artefact(tmp_path):
   one its ``settings.json`` records and whose every line a cache accepts (run from the repository root)."""
   import glob
   import hashlib
-  from recomp_jax.reader.prediction_cache import PredictionCache
+  import gzip
+  from recomp_jax.reader.prediction_cache import PredictionCache, answer_key
   seen = 0
   for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
     module = _load(os.path.basename(path))
@@ -158,4 +159,15 @@ def test_every_presets_reader_answer_seed_is_a_committed_artefact(tmp_path):
         assert os.path.exists(os.path.join(os.path.dirname(full), 'NOTICE')), seed
         counts = PredictionCache(str(tmp_path / f'{seen}.sqlite'), 'any').seed(full)
         assert counts['read'] == counts['added'] == settings['answers'], seed
+        # The answers are stored under today's reader key: code on the answer path that changed
+        # (recomp_jax.models, ...) makes a seeded run decode everything again, silently.
+        key = answer_key(settings['reader'], reader_stops=settings['reader_stops'], stops=settings['answer_stop'],
+                         postprocess=settings['postprocess'])
+        assert settings['reader_key'] == key, (
+            f'{seed}: its answers are keyed {settings["reader_key"][:16]}, the reader code now gives {key[:16]}. If the '
+            'change leaves the answers as they are (decode a sample of the prompts again to show it), run '
+            f'`python -m recomp_jax.reader.prediction_cache rekey {seed} {settings["reader_key"]} {key}` and update '
+            'settings.json (reader_key, sha256, what was checked); otherwise decode them again')
+        with gzip.open(full, 'rt', encoding='utf-8') as f:
+          assert {json.loads(line)['reader'] for line in f} == {key}, seed
   assert seen >= 1  # K-COMP :shared reads one

@@ -202,6 +202,29 @@ def test_exported_answers_seed_a_fresh_cache(gemma_dirs, tmp_path):
     other.prediction_cache.seed(bad)
 
 
+def test_answer_key_is_the_readers_and_rekeyed_answers_are_read_under_the_new_key(gemma_dirs, tmp_path):
+  from recomp_jax.reader.prediction_cache import answer_key, export_answers, rekey_answers  # pylint: disable=import-outside-toplevel
+  prompts = QUESTIONS[:3]
+  first, _ = _reader(gemma_dirs[0], str(tmp_path / 'run1.sqlite'))
+  expected = first.answer(prompts, stop_strings=('e',), postprocess=False)
+  weights = file_fingerprint(gemma_dirs[0])
+  key = answer_key(weights, reader_stops=first.stop_strings, stops=('e',), postprocess=False)
+  assert key == first.prediction_cache.variant_key('{"stop_strings": ["e"], "postprocess": false}')
+  assert answer_key(weights, reader_stops=first.stop_strings, stops=first.stop_strings, postprocess=True) == \
+      first.prediction_cache.key
+  out = str(tmp_path / 'answers.jsonl.gz')
+  export_answers(str(tmp_path / 'run1.sqlite'), out)
+  # Answers of a reader whose code key changed (here: a made-up old key) are moved to today's.
+  assert rekey_answers(out, key, 'old') == 3
+  second, counter = _reader(gemma_dirs[0], str(tmp_path / 'run2.sqlite'))
+  second.prediction_cache.seed(out)
+  assert second.answer(prompts, stop_strings=('e',), postprocess=False) == expected and counter.calls == [prompts]
+  assert rekey_answers(out, 'old', key) == 3 and rekey_answers(out, 'old', key) == 0
+  third, counter = _reader(gemma_dirs[0], str(tmp_path / 'run3.sqlite'))
+  third.prediction_cache.seed(out)
+  assert third.answer(prompts, stop_strings=('e',), postprocess=False) == expected and counter.calls == []
+
+
 def test_run_resources_read_seed_files(gemma_dirs, tmp_path):
   from recomp_jax.reader.prediction_cache import export_answers  # pylint: disable=import-outside-toplevel
   first, _ = _reader(gemma_dirs[0], str(tmp_path / 'run1.sqlite'))

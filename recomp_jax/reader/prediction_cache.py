@@ -172,16 +172,54 @@ def export_answers(db_path: str, out_path: str) -> int:
   return len(rows)
 
 
+def answer_key(weights: dict, *, reader_stops: Sequence[str], stops: Sequence[str], postprocess: bool,
+               code: Sequence[str] = READER_CODE) -> str:
+  """The key an answer decoded with ``stops`` / ``postprocess`` is stored under by a reader whose own
+  stop strings are ``reader_stops`` (:meth:`recomp_jax.reader.Reader.answer`'s variant key)."""
+  key = reader_key(weights, code=code, stop_strings=list(reader_stops))
+  if tuple(stops) == tuple(reader_stops) and postprocess:
+    return key
+  return _sha(f'{key}\0{json.dumps({"stop_strings": list(stops), "postprocess": postprocess})}')
+
+
+def rekey_answers(path: str, old_key: str, new_key: str) -> int:
+  """Rewrites the :func:`export_answers` file ``path`` with ``old_key``'s answers under ``new_key``
+  (same bytes otherwise); returns how many moved.
+
+  For reader code that changed without changing what these answers are (show it by decoding a
+  sample of the prompts again with the new code): otherwise a seeded run finds none of them.
+  """
+  rows = []
+  with gzip.open(path, 'rt', encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  moved = sum(r['reader'] == old_key for r in rows)
+  for r in rows:
+    if r['reader'] == old_key:
+      r['reader'] = new_key
+  rows.sort(key=lambda r: (r['reader'], r['max_new_tokens'], r['prompt_sha']))
+  with open(path + '.tmp', 'wb') as raw, gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as gz:
+    for r in rows:
+      gz.write((json.dumps({'reader': r['reader'], 'max_new_tokens': r['max_new_tokens'], 'prompt_sha': r['prompt_sha'],
+                            'answer': r['answer']}, ensure_ascii=False) + '\n').encode('utf-8'))
+  os.replace(path + '.tmp', path)
+  return moved
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-  """``python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz``: export a run's answers."""
+  """``python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz``: export a run's answers;
+  ``... rekey FILE.jsonl.gz OLD_KEY NEW_KEY``: :func:`rekey_answers`."""
   import sys  # pylint: disable=import-outside-toplevel
   args = list(sys.argv[1:] if argv is None else argv)
+  if len(args) == 4 and args[0] == 'rekey':
+    print(f'{rekey_answers(*args[1:])} answers re-keyed in {args[1]}')
+    return
   if len(args) != 2:
-    raise SystemExit('usage: python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz')
+    raise SystemExit('usage: python -m recomp_jax.reader.prediction_cache CACHE.sqlite OUT.jsonl.gz\n'
+                     '       python -m recomp_jax.reader.prediction_cache rekey FILE.jsonl.gz OLD_KEY NEW_KEY')
   print(f'{export_answers(*args)} answers -> {args[1]}')
 
 
-__all__ = ['READER_CODE', 'PredictionCache', 'export_answers', 'reader_key']
+__all__ = ['READER_CODE', 'PredictionCache', 'answer_key', 'export_answers', 'reader_key', 'rekey_answers']
 
 if __name__ == '__main__':
   main()
