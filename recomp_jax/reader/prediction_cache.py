@@ -49,6 +49,10 @@ def _sha(text: str) -> str:
   return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
+def _variant_key(key: str, variant: str) -> str:
+  return key if not variant else _sha(f'{key}\0{variant}')
+
+
 def reader_key(weights: dict, *, code: Sequence[str] = READER_CODE, **generation) -> str:
   """The key of one reader's answers.
 
@@ -84,7 +88,7 @@ class PredictionCache:
 
   def variant_key(self, variant: str) -> str:
     """The key of this reader's answers under another decoding ``variant`` ('' = the reader's own)."""
-    return self.key if not variant else _sha(f'{self.key}\0{variant}')
+    return _variant_key(self.key, variant)
 
   def lookup(self, prompts: Sequence[str], max_new_tokens: int, *, variant: str = '') -> list[str | None]:
     """The cached answer of each prompt at this generation limit (and decoding ``variant``),
@@ -159,17 +163,21 @@ def export_answers(db_path: str, out_path: str) -> int:
     raise ValueError(f'{db_path}: no such prediction cache')
   db = sqlite3.connect(f'file:{db_path}?mode=ro', uri=True)
   try:
-    rows = db.execute('SELECT reader, max_new_tokens, prompt_sha, answer FROM answers '
-                      'ORDER BY reader, max_new_tokens, prompt_sha').fetchall()
+    rows = db.execute('SELECT reader, max_new_tokens, prompt_sha, answer FROM answers').fetchall()
   finally:
     db.close()
-  # mtime=0 and no file name in the header: the same answers give the same bytes, so a re-export
-  # does not show as a change.
+  _write_answers(out_path, rows)
+  return len(rows)
+
+
+def _write_answers(out_path: str, rows: Sequence[tuple[str, int, str, str]]) -> None:
+  """``(reader, max_new_tokens, prompt_sha, answer)`` rows, sorted, as :func:`export_answers`'s JSONL.gz.
+  mtime=0 and no file name in the header: the same answers give the same bytes, so a re-export
+  does not show as a change."""
   with open(out_path, 'wb') as raw, gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as gz:
-    for reader, limit, sha, answer in rows:
+    for reader, limit, sha, answer in sorted(rows):
       gz.write((json.dumps({'reader': reader, 'max_new_tokens': limit, 'prompt_sha': sha, 'answer': answer},
                            ensure_ascii=False) + '\n').encode('utf-8'))
-  return len(rows)
 
 
 def answer_key(weights: dict, *, reader_stops: Sequence[str], stops: Sequence[str], postprocess: bool,
@@ -177,9 +185,8 @@ def answer_key(weights: dict, *, reader_stops: Sequence[str], stops: Sequence[st
   """The key an answer decoded with ``stops`` / ``postprocess`` is stored under by a reader whose own
   stop strings are ``reader_stops`` (:meth:`recomp_jax.reader.Reader.answer`'s variant key)."""
   key = reader_key(weights, code=code, stop_strings=list(reader_stops))
-  if tuple(stops) == tuple(reader_stops) and postprocess:
-    return key
-  return _sha(f'{key}\0{json.dumps({"stop_strings": list(stops), "postprocess": postprocess})}')
+  own = tuple(stops) == tuple(reader_stops) and postprocess
+  return _variant_key(key, '' if own else json.dumps({'stop_strings': list(stops), 'postprocess': postprocess}))
 
 
 def rekey_answers(path: str, old_key: str, new_key: str) -> int:
@@ -189,18 +196,11 @@ def rekey_answers(path: str, old_key: str, new_key: str) -> int:
   For reader code that changed without changing what these answers are (show it by decoding a
   sample of the prompts again with the new code): otherwise a seeded run finds none of them.
   """
-  rows = []
   with gzip.open(path, 'rt', encoding='utf-8') as f:
-    rows = [json.loads(line) for line in f]
-  moved = sum(r['reader'] == old_key for r in rows)
-  for r in rows:
-    if r['reader'] == old_key:
-      r['reader'] = new_key
-  rows.sort(key=lambda r: (r['reader'], r['max_new_tokens'], r['prompt_sha']))
-  with open(path + '.tmp', 'wb') as raw, gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as gz:
-    for r in rows:
-      gz.write((json.dumps({'reader': r['reader'], 'max_new_tokens': r['max_new_tokens'], 'prompt_sha': r['prompt_sha'],
-                            'answer': r['answer']}, ensure_ascii=False) + '\n').encode('utf-8'))
+    records = [json.loads(line) for line in f]
+  moved = sum(r['reader'] == old_key for r in records)
+  _write_answers(path + '.tmp', [(new_key if r['reader'] == old_key else r['reader'], r['max_new_tokens'],
+                                  r['prompt_sha'], r['answer']) for r in records])
   os.replace(path + '.tmp', path)
   return moved
 

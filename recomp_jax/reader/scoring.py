@@ -248,9 +248,11 @@ class PrefixState(NamedTuple):
 
 
 def encode_prefix(model: GemmaModel, prefix_ids: jax.Array, prefix_mask: jax.Array,
-                  capacity: int) -> PrefixState:
-  """Prefills ``prefix_ids [1, P]`` (left-padded, ``prefix_mask [1, P]``) into a cache of ``capacity``."""
-  last, cache = model.prefill_in_chunks(prefix_ids, prefix_mask, model.init_cache(prefix_ids.shape[0], capacity))
+                  capacity: int, slack: int = 0) -> PrefixState:
+  """Prefills ``prefix_ids [1, P]`` (left-padded, ``prefix_mask [1, P]``) into a cache of ``capacity``
+  (sliding layers' rings with ``slack`` extra slots), a long prefix chunk by chunk."""
+  cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=slack)
+  last, cache = model.prefill_in_chunks(prefix_ids, prefix_mask, cache)
   return PrefixState(cache, last)
 
 
@@ -341,10 +343,7 @@ def _prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity):
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'capacity', 'slack'))
 def _slack_prefix_jit(graphdef, state, prefix_ids, prefix_mask, *, capacity, slack):
-  model = nnx.merge(graphdef, state)
-  cache = model.init_cache(prefix_ids.shape[0], capacity, ring_slack=slack)
-  last, cache = model.prefill_in_chunks(prefix_ids, prefix_mask, cache)  # a long corpus: chunk by chunk
-  return PrefixState(cache, last)
+  return encode_prefix(nnx.merge(graphdef, state), prefix_ids, prefix_mask, capacity, slack)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef',))
