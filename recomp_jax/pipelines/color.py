@@ -858,43 +858,27 @@ def experiment(preset: str):
     c.train.eval_every = 20
     c.train.checkpoint_every = 20
     c.train.eval_qa_examples = 0
-  elif preset == 'demo':  # the 50 demo questions (disjoint from the training file and eval/) as the test side
-    k.test_path = f'{NQ}/demo50_bm25top5.jsonl'
-    k.max_train, k.max_dev, k.max_test = 8, 2, 8
+  elif preset in ('demo', 'ci'):
+    demo = preset == 'demo'
+    if demo:  # the 50 demo questions (disjoint from the training file and eval/) as the test side
+      k.test_path = f'{NQ}/demo50_bm25top5.jsonl'
+      k.label_gold_at = 'end'
+      c.train.learning_rate = 5e-6
+    else:
+      c.reader.score_batch_size = 8
+    k.max_train, k.max_dev, k.max_test = (8, 2, 8) if demo else (6, 2, 4)
     k.shots = 1
-    k.queries_per_group, k.budget_tokens = 4, 1024
-    k.label_queries_per_group, k.label_budget_tokens, k.label_gold_at = 1, 640, 'end'
-    k.teacher_temperatures = (0.0, 1.0)
-    k.answer_tokens = 8
-    c.teacher.max_tokens = 48
-    c.compressor.max_source_length = 256
-    c.compressor.max_target_length = 64
-    c.compressor.max_new_tokens = 48
-    c.train.epochs = 0.0
-    c.train.num_steps = 4
-    c.train.batch_size = 2
-    c.train.learning_rate = 5e-6
-    c.train.eval_every = 4
-    c.train.checkpoint_every = 4
-    c.train.log_every = 1
-    c.train.eval_qa_examples = 0
-  elif preset == 'ci':
-    k.max_train, k.max_dev, k.max_test = 6, 2, 4
-    k.shots = 1
-    k.queries_per_group, k.budget_tokens = 4, 1024  # one test corpus: each row encodes one prefix
+    k.queries_per_group, k.budget_tokens = 4, 1024  # ci: one test corpus, each row encodes one prefix
     k.label_queries_per_group, k.label_budget_tokens = 1, 640  # ~3 passages: some candidates succeed
     k.teacher_temperatures = (0.0, 1.0)
     k.answer_tokens = 8
-    c.teacher.max_tokens = 24
+    c.teacher.max_tokens = 48 if demo else 24
     c.compressor.max_source_length = 256
-    c.compressor.max_target_length = 48
-    c.compressor.max_new_tokens = 24
-    c.reader.score_batch_size = 8
+    c.compressor.max_target_length = 64 if demo else 48
+    c.compressor.max_new_tokens = 48 if demo else 24
     c.train.epochs = 0.0
-    c.train.num_steps = 2
+    c.train.num_steps = c.train.eval_every = c.train.checkpoint_every = 4 if demo else 2
     c.train.batch_size = 2
-    c.train.eval_every = 2
-    c.train.checkpoint_every = 2
     c.train.log_every = 1
     c.train.eval_qa_examples = 0
   else:
