@@ -667,11 +667,8 @@ class CausalScorer(_Scorer):
     """Rows per call of :meth:`score_ids_after_queries` for a cache of ``capacity`` token indices:
     ``batch_size``, halved while the rows' copies of the cache exceed :data:`CONTINUATION_CACHE_BYTES`
     (never below the mesh's batch shards). For Gemma 3 270M at 32 rows: a 2k-token corpus keeps 32, 8k 16, 32k 8."""
-    cfg = self.model.config
-    itemsize = jnp.dtype(self.model.dtype).itemsize
-    slots = sum(self.model.ring_size(capacity, slack) if cfg.is_sliding(i) else capacity
-                for i in range(cfg.num_layers))
-    row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * slots * itemsize  # keys and values
+    shapes = jax.eval_shape(lambda: self.model.init_cache(1, capacity, ring_slack=slack))  # nothing allocated
+    row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
     floor = sharding.batch_shards(self.mesh) if self.mesh is not None else 1
     rows = self.batch_size
     while rows * row_bytes > CONTINUATION_CACHE_BYTES and rows % 2 == 0 and (rows // 2) % floor == 0:
