@@ -124,9 +124,13 @@ FIELDS = defaults.shared_fields(without=('data', 'retrieval', 'candidates', 'eva
     max_new_tokens=96, source_help='prompt tokens (a passage with the instruction)', target_help='compression tokens')
 
 
+def asked_rows(config) -> list[str]:
+  """``color.rows`` as row keys, in :data:`ROW_KEYS` order."""
+  return [k for k in ROW_KEYS if 'all' in tuple(config.color.rows) or k in config.color.rows]
+
+
 def requested_rows(config) -> list[str]:
-  keys = list(ROW_KEYS) if 'all' in tuple(config.color.rows) else [k for k in ROW_KEYS if k in config.color.rows]
-  keys = [k for k in keys if k not in RECOMP or recomp_export(config, k)]
+  keys = [k for k in asked_rows(config) if k not in RECOMP or recomp_export(config, k)]
   if not shared.trains(config):
     keys = [k for k in keys if k not in TRAINED + ('truncation',)]
   elif 'truncation' in keys and 'color' not in keys:
@@ -141,8 +145,7 @@ def recomp_export(config, key: str) -> str:
 
 def left_out_rows(config) -> list[str]:
   """The RECOMP rows asked for but without an exported compressor (reported, not silently dropped)."""
-  asked = ROW_KEYS if 'all' in tuple(config.color.rows) else tuple(config.color.rows)
-  return [k for k in RECOMP if k in asked and not recomp_export(config, k)]
+  return [k for k in RECOMP if k in asked_rows(config) and not recomp_export(config, k)]
 
 
 def validate(config) -> None:
