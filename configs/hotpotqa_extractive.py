@@ -20,6 +20,7 @@ from recomp_jax.pipelines.extractive import default_config
 def get_config(preset: str = 'paper'):
   c = default_config()
   c.dataset = 'hotpotqa'
+  c.data.shots = 'train'  # the reader's in-context examples: HotpotQA's own (RECOMP §4.2)
   c.preset = preset
   c.eval.top_k_sentences = 2
   c.candidates.top_docs = 5

@@ -18,6 +18,7 @@ from recomp_jax.pipelines.extractive import default_config
 def get_config(preset: str = 'paper'):
   c = default_config()
   c.dataset = 'tqa'
+  c.data.shots = 'train'  # the reader's in-context examples: TriviaQA's own (RECOMP §4.2)
   c.preset = preset
   c.eval.top_k_sentences = 1
   if preset == 'paper':

@@ -14,14 +14,19 @@ class LastWordReader:
   """A deterministic stand-in reader: answers with the last word of the evidence, and with
   'unknown' when there is none, except for questions ending in '!' (it knows those)."""
 
-  def __init__(self):
+  def __init__(self, few_shot=prompts.FEW_SHOT_PREFIX):
     self.calls = []
+    self.few_shot = few_shot
+
+  def prompt(self, question, evidence=None):
+    return prompts.build_prompt(question, evidence, few_shot=self.few_shot)
 
   def exact_match(self, prompt_texts, answers):
     self.calls.append(('em', len(prompt_texts)))
     predictions = []
     for p in prompt_texts:
-      body = p[len(prompts.FEW_SHOT_PREFIX):]
+      assert p.startswith(self.few_shot)
+      body = p[len(self.few_shot):]
       evidence, _, rest = body.rpartition('\n\n')
       question = rest.split('\nAnswer:')[0]
       if question.endswith('!') and not evidence:
@@ -31,6 +36,7 @@ class LastWordReader:
     return {'predictions': predictions, **qa_metrics.qa_scores(predictions, answers)}
 
   def loglik(self, prefix, suffixes, targets):
+    assert prefix == self.few_shot  # the prompts' shared prefix is the reader's own
     self.calls.append(('ll', len(suffixes)))
     # Shorter evidence = more likely; evidence naming the answer = much more likely.
     return np.array([-float(len(s)) + (100.0 if t.strip() in s else 0.0)
@@ -69,16 +75,18 @@ def test_critic_qa_targets_samples_and_report():
                                          'empty_percent': 100.0 / 3, 'kept': 3}
 
 
-def test_critic_qa_can_decide_both_wrong_examples_by_log_likelihood():
+@pytest.mark.parametrize('few_shot', [prompts.FEW_SHOT_PREFIX, prompts.few_shot_prefix([('is it yes', 'yes')])])
+def test_critic_qa_can_decide_both_wrong_examples_by_log_likelihood(few_shot):
   """``both_wrong='loglik'``: the example the paper drops is kept when the summary makes the gold
-  answer likelier than no retrieval, and becomes the empty target when it makes it less likely."""
+  answer likelier than no retrieval, and becomes the empty target when it makes it less likely.
+  Every prompt starts with the reader's own in-context block (``data.shots``), whichever it is."""
   questions = ['capital of italy', 'capital of spain', 'capital of france']
   answers = [['Rome'], ['Madrid'], ['Paris']]
   summaries = [['Near Rome lies Milan.'], ['Toledo.'], ['It is Paris.']]
-  reader = LastWordReader()
+  reader = LastWordReader(few_shot)
   paper = abstractive.critic_qa(reader, questions, answers, summaries)
   assert [t.decision for t in paper] == ['filtered', 'filtered', 'summary']
-  reader = LastWordReader()
+  reader = LastWordReader(few_shot)
   report = FilterReport('critic')
   relaxed = abstractive.critic_qa(reader, questions, answers, summaries, both_wrong='loglik',
                                   report=report)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from recomp_jax.reader import prompts
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), 'shared', 'data')
 
@@ -59,7 +61,18 @@ def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
          for split in ('train', 'dev', 'test')}
   assert not set(ids['test']) & (set(ids['train']) | set(ids['dev']))
   total = sum(1 for _ in open(path))
-  assert len(ids['train']) + len(ids['dev']) + len(ids['test']) == total
+  # The reader's five in-context examples are the dataset's own training questions (data.shots),
+  # in no split; HotpotQA's include a yes/no question.
+  shots = summary['shots']
+  assert config.data.shots == 'train' and len(shots) == 5
+  assert not {s['id'] for s in shots} & (set(ids['train']) | set(ids['dev']) | set(ids['test']))
+  assert len(ids['train']) + len(ids['dev']) + len(ids['test']) + len(shots) == total
+  assert any(s['answer'].lower() in ('yes', 'no') for s in shots) == name.startswith('hotpot')
+  resources = shared.Resources(config)
+  resources.use_shots(shots)
+  assert resources.few_shot == ''.join(f"{s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+  resources.use_shots(None)
+  assert resources.few_shot == prompts.FEW_SHOT_PREFIX
   # A run testing on fewer questions (the last few of the tail) still trains on none of the tail,
   # a shuffled training draw included (audit: the tail used to move with max_eval).
   config.data.max_eval, config.data.train_subset = n_eval // 5, 'shuffled'
@@ -73,7 +86,7 @@ def test_shared_presets_hold_out_the_tail_of_their_file(tmp_path, name, n_eval):
   seen = {split: [json.loads(line)['id'] for line in open(smaller / f'{split}.jsonl')] for split in ('train', 'dev', 'test')}
   assert seen['test'] == ids['test'][-(n_eval // 5):]
   assert not (set(seen['train']) | set(seen['dev'])) & set(ids['test'])
-  assert len(seen['train']) + len(seen['dev']) == total - n_eval
+  assert len(seen['train']) + len(seen['dev']) + len(summary['shots']) == total - n_eval
   config.data.max_eval = n_eval + 1
   os.chdir(REPO)
   try:

@@ -387,6 +387,25 @@ def test_take_subset_first_or_seeded_and_in_file_order():
     formats.take_subset(exs, 10, 'random', seed=0)
 
 
+def test_draw_shots_is_seeded_and_demonstrates_yes_no_when_the_split_has_it():
+  """Five in-context examples drawn at random (RECOMP §4.2), the rest in file order; a split with
+  yes/no answers (1 in 100 here) always gets one yes/no demonstration."""
+  exs = [Example(f'e{i}', f'q{i}', ['No' if i == 57 else f'a{i}']) for i in range(100)]
+  for seed in range(20):
+    shots, rest = formats.draw_shots(exs, 5, seed)
+    assert len(shots) == 5 and len(rest) == 95
+    assert sorted(e.id for e in shots + rest) == sorted(e.id for e in exs)
+    assert [e.id for e in rest] == [e.id for e in exs if e not in shots]  # file order kept
+    assert exs[57] in shots
+  plain = [e for e in exs if e.id != 'e57']
+  draws = [tuple(e.id for e in formats.draw_shots(plain, 5, seed)[0]) for seed in range(20)]
+  assert draws[0] == tuple(e.id for e in formats.draw_shots(plain, 5, 0)[0])  # same seed, same shots
+  assert len(set(draws)) == 20  # without yes/no answers nothing is forced: a plain random draw
+  assert formats.draw_shots(plain, 0, 0) == ([], plain)
+  with pytest.raises(ValueError, match='5 in-context examples .* there are 4'):
+    formats.draw_shots(exs[:4], 5, 0)
+
+
 def test_read_hf_converters(monkeypatch):
   import datasets
   rows = {

@@ -242,9 +242,14 @@ class _EchoReader:
   def __init__(self):
     self.calls = []
 
+  few_shot = prompts.FEW_SHOT_PREFIX
+
+  def prompt(self, question, evidence=None):
+    return prompts.build_prompt(question, evidence, few_shot=self.few_shot)
+
   def answer(self, prompt_texts):
     self.calls.append(list(prompt_texts))
-    return [p.split('\n\n')[-2].split()[-1] if '\n\n' in p[len(prompts.FEW_SHOT_PREFIX):] else 'none'
+    return [p.split('\n\n')[-2].split()[-1] if '\n\n' in p[len(self.few_shot):] else 'none'
             for p in prompt_texts]
 
   def count_tokens(self, text):

@@ -213,11 +213,16 @@ class EvidenceEchoReader:
   def __init__(self):
     self.calls = []
 
+  few_shot = prompts.FEW_SHOT_PREFIX
+
+  def prompt(self, question, evidence=None):
+    return prompts.build_prompt(question, evidence, few_shot=self.few_shot)
+
   def answer(self, prompt_texts, *, max_new_tokens=None):
     self.calls.append((len(prompt_texts), max_new_tokens))
     predictions = []
     for p in prompt_texts:
-      body = p[len(prompts.FEW_SHOT_PREFIX):]
+      body = p[len(self.few_shot):]
       evidence = body.split('\n\n')[0] if '\n\n' in body else ''
       predictions.append(evidence.rstrip('.').split()[-1] if evidence else '')
     return predictions

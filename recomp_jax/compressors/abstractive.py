@@ -22,9 +22,9 @@ the paper). A teacher failure (error, refusal, empty completion) never becomes a
 target: that example is dropped and counted.
 
 Also beyond the paper, :func:`reader_best_sentences` gives the critic another candidate
-target when no teacher can summarise (the PyPI Gemma 3 270M base model puts a gold answer
-in 4% of its NQ summaries): the sentence of the top documents under which the reader
-gives the first gold answer the highest log-likelihood, i.e. the positive of the
+target when no teacher can summarise (the PyPI Gemma 3 270M base model rarely puts a gold
+answer in its NQ summaries: docs/results/abstractive.md): the sentence of the top documents
+under which the reader gives the first gold answer the highest log-likelihood, i.e. the positive of the
 extractive compressor's labelling (RECOMP §3.1). The compressor then learns a
 reader-distilled, one-sentence summary; the critic keeps or empties it by Fig. 7's rule.
 """
@@ -121,9 +121,10 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   for i, samples in enumerate(summaries):
     for j, text in enumerate(samples):
       if text:
-        rows.append((i, j, prompts.build_prompt(questions[i], text)))
+        rows.append((i, j, reader.prompt(questions[i], text)))
         owners.append(i)
-  none_prompts = [prompts.build_prompt(q) for q in questions]
+  none_prompts = [reader.prompt(q) for q in questions]
+  prefix = len(reader.few_shot)
   scored = reader.exact_match(none_prompts + [p for _, _, p in rows],
                               list(answers) + [answers[i] for i in owners])
   em = np.asarray(scored['em_per_example'], np.float64)
@@ -132,8 +133,7 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   multi = {i for i, count in collections.Counter(owners).items() if count > 1}
   if multi:  # tie-break between samples by the log-likelihood of the first gold answer
     picked = [k for k, (i, _, _) in enumerate(rows) if i in multi]
-    values = reader.loglik(prompts.FEW_SHOT_PREFIX,
-                           [rows[k][2][len(prompts.FEW_SHOT_PREFIX):] for k in picked],
+    values = reader.loglik(reader.few_shot, [rows[k][2][prefix:] for k in picked],
                            [prompts.answer_target(answers[rows[k][0]][0]) for k in picked])
     loglik[picked] = np.asarray(values, np.float64)
   best: dict[int, int] = {}
@@ -144,9 +144,8 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   if both_wrong == 'loglik':
     undecided = [i for i, k in best.items() if summary_em[k] == 0 and none_em[i] == 0]
     if undecided:
-      prefix = len(prompts.FEW_SHOT_PREFIX)
       values = np.asarray(reader.loglik(
-          prompts.FEW_SHOT_PREFIX,
+          reader.few_shot,
           [rows[best[i]][2][prefix:] for i in undecided] + [none_prompts[i][prefix:] for i in undecided],
           [prompts.answer_target(answers[i][0]) for i in undecided] * 2), np.float64)
       for i, with_summary, without in zip(undecided, values[:len(undecided)], values[len(undecided):]):

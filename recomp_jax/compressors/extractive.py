@@ -261,7 +261,7 @@ def tune_threshold(reader, examples: Sequence[Example], candidates: Sequence[Seq
   evidence = [[above_threshold(c, s, t, max_sentences) if len(c) else ''
                for c, s in zip(candidates, scores)] for t in thresholds]
   # Neighbouring thresholds mostly give a question the same evidence: answer each prompt once.
-  prompt_of = lambda e, ev: prompts.build_prompt(e.question, ev)
+  prompt_of = lambda e, ev: reader.prompt(e.question, ev)
   unique = sorted({prompt_of(e, ev) for row in evidence for e, ev in zip(examples, row)})
   answer = dict(zip(unique, reader.answer(unique)))
   table = []
@@ -301,7 +301,7 @@ def oracle_em_choice(reader, examples: Sequence[Example], candidates: dict[str, 
     batch_prompts, batch_answers, owners = [], [], []
     for e in open_:
       for j in order[e.id][tried[e.id]:tried[e.id] + width]:
-        batch_prompts.append(prompts.build_prompt(e.question, candidates[e.id][j]))
+        batch_prompts.append(reader.prompt(e.question, candidates[e.id][j]))
         batch_answers.append(e.answers)
         owners.append((e.id, j))
       tried[e.id] = min(tried[e.id] + width, len(order[e.id]))

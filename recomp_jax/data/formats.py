@@ -568,6 +568,31 @@ def take_subset(examples: Sequence[Example], n: int, how: str, seed: int) -> lis
   return [examples[i] for i in chosen]
 
 
+def draw_shots(examples: Sequence[Example], k: int, seed: int) -> tuple[list[Example], list[Example]]:
+  """``k`` in-context examples drawn at random from ``examples`` (RECOMP §4.2: "five randomly
+  sampled in-context examples from training set"), and the rest, both in input order.
+
+  Beyond the paper: when some answers are yes/no and the draw holds none, the last drawn example
+  gives way to the first yes/no one in the permutation, so that HotpotQA's comparison questions
+  see their answer format demonstrated. The draw is ``numpy.random.default_rng(seed)``'s, so the
+  same inputs and seed give the same shots on every machine.
+
+  Raises:
+    ValueError: fewer than ``k`` examples.
+  """
+  if len(examples) < k:
+    raise ValueError(f'{k} in-context examples are drawn from the training questions, but there are '
+                     f'{len(examples)}')
+  order = np.random.default_rng(seed).permutation(len(examples)).tolist()
+  drawn = order[:k]
+  yes_no = [i for i in order if examples[i].answers[0].strip().lower() in ('yes', 'no')]
+  if k and yes_no and not any(i in yes_no for i in drawn):
+    drawn[-1] = yes_no[0]
+  chosen = set(drawn)
+  return ([e for i, e in enumerate(examples) if i in chosen],
+          [e for i, e in enumerate(examples) if i not in chosen])
+
+
 def split_train_dev(examples: Sequence[Example], dev_fraction: float,
                     seed: int) -> tuple[list[Example], list[Example]]:
   """Deterministic random split; both parts keep the input order.

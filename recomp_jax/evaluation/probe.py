@@ -21,7 +21,6 @@ import numpy as np
 
 from recomp_jax.data.schema import Example
 from recomp_jax.evaluation import qa_metrics
-from recomp_jax.reader import prompts
 
 
 class QaProbe:
@@ -31,11 +30,12 @@ class QaProbe:
     reader: a :class:`recomp_jax.reader.Reader` (or a zero-argument function returning one,
       called at the first evaluation, so a run with the probe off never loads it).
     examples: the probe questions (their ``question`` and gold ``answers``).
-    build_prompt: ``(question, evidence) -> prompt`` (default: the reader protocol's).
+    build_prompt: ``(question, evidence) -> prompt`` (default: the reader's protocol prompt,
+      :meth:`recomp_jax.reader.Reader.prompt`).
   """
 
   def __init__(self, reader, examples: Sequence[Example], *,
-               build_prompt: Callable[[str, str], str] = prompts.build_prompt):
+               build_prompt: Callable[[str, str], str] | None = None):
     self._reader = reader
     self.examples = list(examples)
     self._build_prompt = build_prompt
@@ -62,7 +62,8 @@ class QaProbe:
     """
     if len(evidence) != len(self.examples):
       raise ValueError(f'{len(evidence)} evidence texts for {len(self.examples)} probe questions')
-    texts = [self._build_prompt(e.question, ev) for e, ev in zip(self.examples, evidence)]
+    build = self._build_prompt or self.reader.prompt
+    texts = [build(e.question, ev) for e, ev in zip(self.examples, evidence)]
     missing = list(dict.fromkeys(t for t in texts if t not in self._answers))
     if missing:
       self._answers.update(zip(missing, self.reader.answer(missing)))

@@ -52,7 +52,7 @@ class Row:
     reader: builds the reader of this row (a fine-tuned generator, FILCO's ``M_gen``);
       ``None`` = the run's reader.
     prompt: ``(question, evidence) -> prompt`` for this row's reader; ``None`` = the reader
-      protocol's prompt (:func:`recomp_jax.reader.prompts.build_prompt`).
+      protocol's prompt with the reader's in-context examples (:meth:`recomp_jax.reader.Reader.prompt`).
     matches: a length-matched row: the key of the row (read earlier in the same evaluation,
       every seed of it) whose mean evidence tokens this row matches; ``evidence`` is then
       called with that mean, rounded (at least 1).
@@ -162,8 +162,8 @@ def evaluate_rows(reader, examples: Sequence[Example], rows: Sequence[Row], out_
                          'evaluated before it')
       evidence = row.evidence(max(int(round(float(np.mean(matched)))), 1))
     keep = [i for i, ev in enumerate(evidence) if ev is not None]
-    build = row.prompt or prompts.build_prompt
     row_reader = row.reader() if row.reader is not None else reader
+    build = row.prompt or row_reader.prompt
     reader_prompts = [build(examples[i].question, evidence[i]) for i in keep]
     scores = row_reader.exact_match(reader_prompts, [examples[i].answers for i in keep])
     tokens = [row_reader.count_tokens(evidence[i]) for i in keep]

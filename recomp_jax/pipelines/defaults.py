@@ -43,6 +43,9 @@ SHARED_FIELDS: tuple[Field, ...] = (
           '(a seeded subset in file order, for files ordered by question type)', choices=('first', 'shuffled'),
           read_when=('data.source', ('jsonl', 'hf'))),
     Field('data.max_eval', 0, 'test questions read (0 = all)', minimum=0),
+    Field('data.shots', 'protocol', "the reader prompt's five in-context examples: 'protocol' = the NQ reader "
+          "protocol's fixed NQ questions; 'train' = drawn from this run's training questions (RECOMP §4.2) and "
+          'removed from training and dev', choices=('protocol', 'train')),
     Field('data.demo_train', 0, 'demo training questions', minimum=0, read_when=('data.source', _DEMO)),
     Field('data.demo_dev', 0, 'demo dev questions', minimum=0, read_when=('data.source', _DEMO)),
     Field('data.demo_test', 0, 'demo test questions', minimum=0, read_when=('data.source', _DEMO)),
@@ -162,6 +165,9 @@ def dataset_data(c: ml_collections.ConfigDict, dataset: str, preset: str) -> Non
   and HotpotQA development files whose tail is held out (``data.holdout_tail``).
   """
   c.dataset = dataset
+  # The reader's in-context examples come from the dataset's own training questions (RECOMP §4.2);
+  # NQ keeps the reader protocol's five fixed NQ questions (specs/nq_reader_protocol.md).
+  c.data.shots = 'protocol' if dataset == 'nq' else 'train'
   if preset == 'paper':
     c.data.source = 'hf'
     if dataset == 'nq':

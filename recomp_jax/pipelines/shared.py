@@ -36,7 +36,7 @@ from recomp_jax.evaluation import qa_metrics
 from recomp_jax.evaluation import rows as rows_lib
 from recomp_jax.stages import StageRunner
 from recomp_jax.pretrained.demo import model_fingerprint, resolve_demo_model  # noqa: F401  (re-exported)
-from recomp_jax.reader import Reader
+from recomp_jax.reader import Reader, prompts
 from recomp_jax.retrieval import sentence_ranking
 
 # Modules whose source a stage's output depends on (stage fingerprints include their hash).
@@ -93,8 +93,17 @@ class Resources:
   def __init__(self, config, workdir: str | None = None):
     self.config = config
     self.workdir = workdir
+    self.few_shot = prompts.FEW_SHOT_PREFIX
     self._reader = None
     self._encoders = {}
+
+  def use_shots(self, shots: Sequence[dict] | None) -> None:
+    """The reader prompt's in-context examples: the data stage's ``shots`` (``data.shots='train'``:
+    ``[{'question', 'answer'}]``), or the protocol's five when None or empty."""
+    self.few_shot = prompts.few_shot_prefix([(s['question'], s['answer']) for s in shots or ()] or
+                                            prompts.FEW_SHOT_EXAMPLES)
+    if self._reader is not None:
+      self._reader.few_shot = self.few_shot
 
   def prediction_cache_path(self) -> str | None:
     """Where the reader's answers are cached (:mod:`recomp_jax.reader.prediction_cache`), or None."""
@@ -111,7 +120,8 @@ class Resources:
     if self._reader is None:
       r = self.config.reader
       self._reader = Reader(r.model, score_batch_size=r.score_batch_size,
-                            generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens)
+                            generate_batch_size=r.generate_batch_size, max_new_tokens=r.max_new_tokens,
+                            few_shot=self.few_shot)
       path = self.prediction_cache_path()
       seeds = [os.path.expanduser(s) for s in r.get('prediction_seed', ())]
       if seeds and not path:
@@ -212,6 +222,13 @@ def stage_data(config, directory: str) -> dict:
     sources = {'train': f'{data.hf_name}:{data.hf_train_split}', 'test': f'{data.hf_name}:{data.hf_eval_split}'}
   else:
     raise PipelineError(f"config.data.source must be 'demo', 'jsonl' or 'hf', got {data.source!r}")
+  shots = []
+  if data.shots == 'train':
+    # From the training split only: dev and test stay what they are without the draw.
+    try:
+      shots, train = formats.draw_shots(train, len(prompts.FEW_SHOT_EXAMPLES), config.seed)
+    except ValueError as e:
+      raise PipelineError(f'data.shots=train: {e} ({sources["train"]})') from e
   if not test:
     raise PipelineError(f'the evaluation split is empty ({sources["test"]}); nothing to evaluate')
   if trains(config) and not train:
@@ -220,7 +237,10 @@ def stage_data(config, directory: str) -> dict:
   for name, split in (('train', train), ('dev', dev), ('test', test)):
     write_examples(os.path.join(directory, f'{name}.jsonl'), split)
   report.save(os.path.join(directory, 'filter_report.json'))
-  return {'train': len(train), 'dev': len(dev), 'test': len(test), 'filtered': report.to_dict()}
+  summary = {'train': len(train), 'dev': len(dev), 'test': len(test), 'filtered': report.to_dict()}
+  if shots:
+    summary['shots'] = [{'id': e.id, 'question': e.question, 'answer': e.answers[0]} for e in shots]
+  return summary
 
 
 def retrieval_recall(examples: Sequence[Example], k: int) -> dict:
@@ -482,6 +502,7 @@ def run_head(config, runner: StageRunner, resources: Resources, data_files: Sequ
   summaries = {}
   summaries['data'] = runner.run('data', data_inputs, lambda d: stage_data(config, d), code=DATA_CODE,
                                  collective=False)
+  resources.use_shots(summaries['data'].get('shots'))
   dense = 'dense' in (config.retrieval.method, config.retrieval.rerank)  # the encoder runs on the mesh
   summaries['retrieve'] = runner.run('retrieve', retrieval_inputs(cfg),
                                      lambda d: stage_retrieve(config, dirs['data'], d, resources),

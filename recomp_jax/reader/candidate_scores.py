@@ -3,7 +3,8 @@
 RECOMP's extractive labels (§3.1, Fig. 2 and 6), the abstractive system's reader-sentence
 targets and FILCO's CXMI all ask the same question of the reader: how likely is the gold
 answer (or is the greedy answer correct) with this candidate prepended? Every row shares the
-few-shot prefix, which :meth:`recomp_jax.reader.Reader.loglik` encodes once per call.
+few-shot prefix (the reader's ``few_shot``), which :meth:`recomp_jax.reader.Reader.loglik`
+encodes once per call.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from recomp_jax.reader import prompts
 
 
 def candidate_suffix(candidate: str, question: str) -> str:
-  """The part of the reader prompt after the shared few-shot prefix."""
-  return prompts.build_prompt(question, candidate)[len(prompts.FEW_SHOT_PREFIX):]
+  """The part of the reader prompt after the shared few-shot prefix (whichever that is)."""
+  return prompts.build_prompt(question, candidate, few_shot='')
 
 
 def loglik_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[str]],
@@ -35,10 +36,10 @@ def loglik_labels(reader, questions: Sequence[str], candidates: Sequence[Sequenc
       suffixes.append(candidate_suffix(cand, question))
       targets.append(target)
       owners.append(i)
-    suffixes.append(prompts.build_prompt(question)[len(prompts.FEW_SHOT_PREFIX):])
+    suffixes.append(prompts.build_prompt(question, few_shot=''))
     targets.append(target)
     owners.append(i)
-  scores = reader.loglik(prompts.FEW_SHOT_PREFIX, suffixes, targets)
+  scores = reader.loglik(reader.few_shot, suffixes, targets)
   out = [{'loglik': []} for _ in questions]
   per_question = [[] for _ in questions]
   for owner, value in zip(owners, scores):
@@ -58,7 +59,7 @@ def em_labels(reader, questions: Sequence[str], candidates: Sequence[Sequence[st
   flat_prompts, flat_answers, owners = [], [], []
   for i, (question, cands) in enumerate(zip(questions, candidates)):
     for cand in cands:
-      flat_prompts.append(prompts.build_prompt(question, cand))
+      flat_prompts.append(reader.prompt(question, cand))
       flat_answers.append(answers[i])
       owners.append(i)
   scores = reader.exact_match(flat_prompts, flat_answers, max_new_tokens=max_new_tokens)

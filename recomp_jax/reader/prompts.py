@@ -1,6 +1,7 @@
 """The reader prompt of the NQ reader protocol (``specs/nq_reader_protocol.md``), exactly.
 
-Five fixed in-context examples, each ``'{question}\\nAnswer: {answer}\\n\\n'``; then
+Five fixed in-context examples (other datasets draw theirs from their training questions:
+``data.shots``), each ``'{question}\\nAnswer: {answer}\\n\\n'``; then
 ``'{evidence}\\n\\n{question}\\nAnswer:'`` with evidence or ``'{question}\\nAnswer:'``
 without. The tokenizer adds BOS; nothing else is added here. RECOMP §4.2 likewise
 puts the few-shot block first, then the evidence, then the question, with no
@@ -33,7 +34,13 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ('name the first indian woman to be crowned as miss world', 'Reita Faria'),
 )
 
-FEW_SHOT_PREFIX = ''.join(f'{q}\nAnswer: {a}\n\n' for q, a in FEW_SHOT_EXAMPLES)
+
+def few_shot_prefix(examples: Sequence[tuple[str, str]]) -> str:
+  """``(question, answer)`` pairs as the prompt's in-context block, each ``'{q}\\nAnswer: {a}\\n\\n'``."""
+  return ''.join(f'{q}\nAnswer: {a}\n\n' for q, a in examples)
+
+
+FEW_SHOT_PREFIX = few_shot_prefix(FEW_SHOT_EXAMPLES)
 
 
 def fill(template: str, **fields: str) -> str:

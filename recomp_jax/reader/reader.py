@@ -3,7 +3,7 @@
 A pipeline never imports a generator or a scorer: it asks the reader for
 
 * :meth:`Reader.loglik` -- ``log p(answer | prompt)`` with a prompt prefix shared by every
-  row encoded once (the few-shot block of the NQ protocol; a KV-cache prefill for Gemma,
+  row encoded once (the prompt's few-shot block, ``few_shot``; a KV-cache prefill for Gemma,
   the full string for T5);
 * :meth:`Reader.output_loglik` -- ``log p(output ⊕ EOS | prompt)``: a whole output, ended as a
   fine-tuned model ends it (ranks the outputs a model may give);
@@ -39,36 +39,46 @@ class Reader:
     generate_batch_size: prompts per compiled generation call.
     max_new_tokens: generation limit of :meth:`answer` (the protocol's 12).
     stop_strings: generation stops at the first of these (the protocol's newline).
+    few_shot: the in-context block every protocol prompt starts with (:meth:`prompt`; the NQ
+      protocol's five examples by default, a dataset's own with ``data.shots='train'``).
   """
 
   def __init__(self, source: str = '', *, score_batch_size: int = 32, generate_batch_size: int = 8,
-               max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)):
+               max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',),
+               few_shot: str = prompts.FEW_SHOT_PREFIX):
     from recomp_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
     self.source = resolve_demo_model(source, 'reader')
     pretrained = load_pretrained(self.source)
     self._setup(pretrained.model, pretrained.tokenizer(), score_batch_size=score_batch_size,
                 generate_batch_size=generate_batch_size, max_new_tokens=max_new_tokens,
-                stop_strings=stop_strings)
+                stop_strings=stop_strings, few_shot=few_shot)
 
   @classmethod
   def from_model(cls, model, tokenizer, *, score_batch_size: int = 32, generate_batch_size: int = 8,
-                 max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',)) -> 'Reader':
+                 max_new_tokens: int = 12, stop_strings: Sequence[str] = ('\n',),
+                 few_shot: str = prompts.FEW_SHOT_PREFIX) -> 'Reader':
     """A reader around an already loaded Gemma or T5 model and its tokenizer."""
     reader = cls.__new__(cls)
     reader.source = '<in memory>'
     reader._setup(model, tokenizer, score_batch_size=score_batch_size,
                   generate_batch_size=generate_batch_size, max_new_tokens=max_new_tokens,
-                  stop_strings=stop_strings)
+                  stop_strings=stop_strings, few_shot=few_shot)
     return reader
 
+  def prompt(self, question: str, evidence: str | None = None) -> str:
+    """The protocol prompt (:func:`recomp_jax.reader.prompts.build_prompt`) with this reader's
+    in-context block; ``evidence`` None or '' gives the no-evidence prompt."""
+    return prompts.build_prompt(question, evidence, few_shot=self.few_shot)
+
   def _setup(self, model, tokenizer, *, score_batch_size, generate_batch_size, max_new_tokens,
-             stop_strings) -> None:
+             stop_strings, few_shot) -> None:
     self.model = model
     self.tokenizer = tokenizer
     self.score_batch_size = score_batch_size
     self.generate_batch_size = generate_batch_size
     self.max_new_tokens = max_new_tokens
     self.stop_strings = tuple(stop_strings)
+    self.few_shot = few_shot
     self._scorer = None
     self._generator = None
     self.prediction_cache = None  # a PredictionCache (use_prediction_cache)
