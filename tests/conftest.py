@@ -114,9 +114,6 @@ def gemma3_tokenizer(gemma3_hf_dir):
 @pytest.fixture(scope='session')
 def gemma3_ours(gemma3_gguf_path, gemma3_hf_dir):
   """Our Flax Gemma 3 (``checkpoints.Pretrained``) loaded from the GGUF path (fp32)."""
-  import importlib.util
-  if importlib.util.find_spec('recomp_jax.models.gemma') is None:
-    pytest.skip('recomp_jax.models.gemma is not available')
   from recomp_jax.pretrained import load_pretrained
   return load_pretrained(gemma3_gguf_path)
 

@@ -486,8 +486,8 @@ def _matmul(x: jax.Array, w: jax.Array, contract: int, dtype, *, w_last: bool = 
 
   Accumulates in float32 and returns ``dtype``. For reduced-precision inputs a
   single row is padded to two: XLA:CPU runs bf16 x bf16 -> f32 products with
-  at least two rows on its fast GEMM kernels and everything else on a fallback
-  that is ~20x slower (the padding costs nothing elsewhere).
+  at least two rows on its fast GEMM kernels and everything else on a far slower
+  fallback (the padding costs nothing elsewhere; benchmarks/ measure the paths).
   """
   x, w = x.astype(dtype), w.astype(dtype)
   lead = x.shape[:x.ndim - contract]

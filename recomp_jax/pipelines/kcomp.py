@@ -732,7 +732,7 @@ def experiment(preset: str):
     2 epochs, the baseline rows' reader answers read from ``results/artifacts`` (run from the
     repository root): one session on 2 CPU cores.
   demo: Gemma 3 270M on 24 training questions, tested on 12 MedQuAD dev questions (never the
-    held-out file): the whole pipeline in about 10 minutes on 2 CPU cores.
+    held-out file): the whole pipeline in minutes.
   ci: a few questions with tiny models (tests set them).
   """
   c = default_config()
@@ -750,7 +750,7 @@ def experiment(preset: str):
     k.retriever, k.dense_model, k.dense_depth = 'dense_bm25', 'facebook/contriever', 15  # §4.1, Fig. 2
     c.train.batch_size = 16
   elif preset == 'shared':
-    # Sized for one session on 2 CPU cores; the measured stage minutes are in docs/results/kcomp.md.
+    # Sized for one session on 2 CPU cores (docs/results/kcomp.md has the stage times).
     k.max_train, k.max_dev, k.max_test = 100, 16, 300
     k.top_docs = 5
     # Chosen on MedQuAD dev (results/dev/): at 1 and 10 the compressor never writes <eom> in 20
@@ -770,8 +770,8 @@ def experiment(preset: str):
     c.train.checkpoint_every = 10
     c.train.eval_qa_examples = 0
   elif preset == 'demo':
-    # Gemma 3 270M end to end in ~10 minutes on 2 CPU cores; its test questions are MedQuAD dev
-    # questions past the four it trains with as dev, so the demo never reads the held-out file.
+    # Its test questions are MedQuAD dev questions past the four it trains with as dev, so the
+    # demo never reads the held-out file.
     k.max_train, k.max_dev = 24, 4
     k.test_path, k.skip_test, k.max_test = k.dev_path, 4, 12
     k.top_docs = 3
