@@ -275,3 +275,18 @@ def test_few_shot_demonstrations_come_from_training_questions_with_an_answer_sen
   for i in ids:
     assert f'Q: question {i[1:]}? D: Doc{i[1:]}\nThe answer is Alpha{i[1:]}. Other words. S: The answer is Alpha{i[1:]}.\n\n' in block
   assert pipeline.few_shot_block('{query}{docs}', train, 0, seed=0) == ('', [])
+
+
+def test_the_teacher_summarises_only_what_a_row_or_the_critic_reads():
+  """Paper targets: every split. Reader-sentence targets: the test split for the teacher and A.5
+  oracle rows, and no teacher stage at all when ``eval.rows`` asks for neither."""
+  from configs.nq_abstractive import get_config
+  config = get_config('shared')
+  assert config.critic.targets == 'reader_sentence' and pipeline.teacher_splits(config) == ('test',)
+  config.eval.rows = ('none', 'top1', 'top5', 'trained', 'truncation')
+  assert pipeline.teacher_splits(config) == ()
+  config.eval.rows = ('trained', 'oracle')
+  assert pipeline.teacher_splits(config) == ('test',)
+  config.critic.targets = 'teacher'
+  config.eval.rows = ('none',)
+  assert pipeline.teacher_splits(config) == ('train', 'dev', 'test')

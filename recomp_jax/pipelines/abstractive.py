@@ -85,9 +85,12 @@ SPLITS = ('train', 'dev', 'test')
 
 
 def teacher_splits(config) -> tuple[str, ...]:
-  """The splits the teacher summarises: all three, or only test when the training targets
-  are the reader's best sentences (``critic.targets='reader_sentence'``)."""
-  return SPLITS if config.critic.targets == 'teacher' else ('test',)
+  """The splits the teacher summarises: all three; with the reader's best sentences as training
+  targets (``critic.targets='reader_sentence'``) only test, for the rows that read its summaries
+  (teacher, A.5 oracle), and none when ``eval.rows`` asks for neither."""
+  if config.critic.targets == 'teacher':
+    return SPLITS
+  return ('test',) if {'teacher', 'oracle'} & set(wanted_rows(config)) else ()
 
 
 def wanted_rows(config) -> list[str]:
@@ -394,13 +397,14 @@ class AbstractiveSystem(System):
   def stages(self, ctx: Context) -> Handoff:
     config, runner = ctx.config, ctx.runner
     train_dirs: dict[int, str] = {}
-    teacher_inputs = self._teacher_inputs(config)
-    ctx.summaries['teacher'] = runner.run('teacher', teacher_inputs,
-                                          lambda d: stage_teacher(config, ctx, d),
-                                          deps=('retrieve',), code=TEACHER_CODE,
-                                          collective=False)  # one process calls the teacher
+    teacher = ('teacher',) if teacher_splits(config) else ()
+    if teacher:
+      ctx.summaries['teacher'] = runner.run('teacher', self._teacher_inputs(config),
+                                            lambda d: stage_teacher(config, ctx, d),
+                                            deps=('retrieve',), code=TEACHER_CODE,
+                                            collective=False)  # one process calls the teacher
     if not shared.trains(config):
-      return Handoff(('teacher',), {'train_dirs': train_dirs})
+      return Handoff(teacher, {'train_dirs': train_dirs})
     source = 'teacher'
     critic_inputs = shared.reader_inputs(config)
     if config.critic.both_wrong != 'drop':  # the paper's rule keeps the fingerprint of earlier runs
@@ -429,7 +433,7 @@ class AbstractiveSystem(System):
           lambda d, seed=seed: stage_train(config, ctx, ctx.stage_dir('critic'), seed, d),
           deps=('critic',), code=TRAIN_CODE, resumable=True)
       names.append(name)
-    deps = ('teacher',) + (('sentence_targets',) if source != 'teacher' else ()) + ('critic',) + tuple(names)
+    deps = teacher + (('sentence_targets',) if source != 'teacher' else ()) + ('critic',) + tuple(names)
     return Handoff(deps, {'train_dirs': train_dirs})
 
   def evaluation_inputs(self, ctx: Context) -> dict:
@@ -447,12 +451,11 @@ class AbstractiveSystem(System):
     config, models = ctx.config, ctx.resources
     keys = wanted_rows(config)
     k = config.candidates.top_docs
-    teacher = load_teacher(ctx.stage_dir('teacher'), 'test')
-    first = {e.id: next((s for s in teacher[e.id] if s), None) for e in examples}
+    teacher = load_teacher(ctx.stage_dir('teacher'), 'test') if 'test' in teacher_splits(config) else None
     plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
             for key in keys if key in rows_lib.SHARED_ROW_KEYS]
     if 'teacher' in keys:
-      plan.append(Row('teacher', 'teacher', lambda: [first[e.id] or '' for e in examples]))
+      plan.append(Row('teacher', 'teacher', lambda: [next((s for s in teacher[e.id] if s), '') for e in examples]))
     if 'trained' in keys:
       c = config.compressor
       for seed, d in sorted(ctx.outputs['train_dirs'].items()):
@@ -470,7 +473,8 @@ class AbstractiveSystem(System):
         encoder = models.encoder(config.eval.extractive_encoder)
         return sentence_ranking.compress(encoder, [e.question for e in examples], cands, config.eval.top_k_sentences)
       plan.append(Row('extractive', 'extractive', extractive_evidence))
-    if 'oracle' in keys or 'trained' in keys or 'teacher' in keys:
+    # The oracle also gives the trained and teacher rows their selective-augmentation column.
+    if teacher is not None and ('oracle' in keys or 'trained' in keys or 'teacher' in keys):
       oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
       if 'oracle' in keys:
         plan.append(Row('oracle', 'oracle', lambda: [oracle[e.id]['summary'] if oracle[e.id]['use_summary']
