@@ -117,6 +117,13 @@ def test_ci_pipeline_end_to_end_then_a_t5_compressor_on_the_same_targets(tmp_pat
   (columns,) = [t for t in results['extra_tables'] if t['title'].startswith('Abstractive columns')]
   by_row = {r[0]: r for r in columns['rows']}
   assert by_row['none'][1] == '100.0' and by_row['top5'][1] == '0.0' and by_row['teacher'][2] != '-'
+  # Selective augmentation: the trained row's empty summaries against the oracle row's (A.5).
+  from recomp_jax.compressors import abstractive as method
+  oracle_empty = {p['id']: not p['evidence'] for p in predictions if p['row'] == 'oracle'}
+  trained = [p for p in predictions if p['row'] == 'trained@0']
+  expected = method.selective_augmentation_f1([not p['evidence'] for p in trained],
+                                              [oracle_empty[p['id']] for p in trained])
+  assert by_row['trained@0'][2:4] == [f"{expected['f1']:.2f}", f"{expected['random_f1']:.2f}"]
   assert any('Critic (Table 5)' in n for n in results['notes'])
   # The exported compressor gives the trained row's summaries through the one inference call.
   check_export_reproduces_the_trained_row(workdir, 'trained@0')

@@ -473,12 +473,11 @@ class AbstractiveSystem(System):
         encoder = models.encoder(config.eval.extractive_encoder)
         return sentence_ranking.compress(encoder, [e.question for e in examples], cands, config.eval.top_k_sentences)
       plan.append(Row('extractive', 'extractive', extractive_evidence))
-    # The oracle also gives the trained and teacher rows their selective-augmentation column.
-    if teacher is not None and ('oracle' in keys or 'trained' in keys or 'teacher' in keys):
-      oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
-      if 'oracle' in keys:
-        plan.append(Row('oracle', 'oracle', lambda: [oracle[e.id]['summary'] if oracle[e.id]['use_summary']
-                                                   else '' for e in examples]))
+    if 'oracle' in keys:
+      def oracle_evidence():
+        oracle = self._oracle(models.reader, examples, teacher, os.path.join(directory, 'oracle.jsonl'))
+        return [oracle[e.id]['summary'] if oracle[e.id]['use_summary'] else '' for e in examples]
+      plan.append(Row('oracle', 'oracle', oracle_evidence))
     return plan + shared.truncation_rows(config, keys, examples, models.reader)
 
   @staticmethod
@@ -518,14 +517,12 @@ class AbstractiveSystem(System):
     return int(critic.get('kept', 0))
 
   def extra_tables(self, ctx: Context, records: dict[str, dict]) -> list[dict]:
-    """% empty, selective-augmentation F1 against the oracle and the faithfulness aid per row."""
+    """% empty, selective-augmentation F1 against the oracle row (when evaluated: its empty evidence
+    is A.5's "no summary") and the faithfulness aid per row."""
     k = ctx.config.candidates.top_docs
     documents = {e.id: abstractive.documents_text(e.ctxs[:k]) for e in ctx.examples('test')}
-    oracle_path = os.path.join(ctx.stage_dir('evaluate'), 'oracle.jsonl')  # written by rows()
-    oracle_empty = None
-    if os.path.exists(oracle_path):
-      oracle_empty = {i: not r['use_summary']
-                      for i, r in shared.load_labels(ctx.stage_dir('evaluate'), 'oracle').items()}
+    oracle = records.get('oracle')
+    oracle_empty = {i: not ev for i, ev in zip(oracle['ids'], oracle['evidence'])} if oracle else None
     table_rows = []
     for row_id in rows_lib.table_order(records, ROW_KEYS):
       r = records[row_id]
