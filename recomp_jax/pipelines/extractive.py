@@ -63,6 +63,7 @@ FIELDS = (
     Field('eval.threshold', True, 'row trained_threshold: every sentence whose score clears a threshold '
           'tuned for reader EM on dev'),
     Field('eval.threshold_max_sentences', 3, 'trained_threshold: at most this many sentences', minimum=1),
+    defaults.TOP_K_SENTENCES,
 )
 
 
