@@ -453,8 +453,7 @@ class AbstractiveSystem(System):
     keys = wanted_rows(config)
     k = config.candidates.top_docs
     teacher = load_teacher(ctx.stage_dir('teacher'), 'test') if 'test' in teacher_splits(config) else None
-    plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
-            for key in keys if key in rows_lib.SHARED_ROW_KEYS]
+    plan = rows_lib.shared_rows(keys, examples)
     if 'teacher' in keys:
       plan.append(Row('teacher', 'teacher', lambda: [next((s for s in teacher[e.id] if s), '') for e in examples]))
     if 'trained' in keys:

@@ -544,8 +544,7 @@ class FilcoSystem(System):
     keys = wanted_rows(config)
     k = config.candidates.top_docs
     silver = load_silver(ctx.stage_dir('silver'), 'test')
-    plan = [Row(key, key, lambda key=key: rows_lib.shared_evidence(key, examples))
-            for key in keys if key in rows_lib.SHARED_ROW_KEYS]
+    plan = rows_lib.shared_rows(keys, examples)
     dirs = ctx.outputs['model_dirs']
     gen = filco.generator_prompt
 
