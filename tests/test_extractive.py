@@ -266,7 +266,20 @@ def test_pipeline_end_to_end_with_tiny_models_and_rerun_is_cached(tmp_path, tiny
   scalars = read_scalars(os.path.join(config.workdir, 'stages', 'train_contrastive_seed0', 'tensorboard'))
   for tag in ('eval/qa_em', 'eval/qa_f1', 'eval/qa_evidence_tokens', 'eval/top1_loglik'):
     assert [step for step, _ in scalars[tag]] == [2, 4], tag
-  assert all(0 <= v <= 100 for tag in ('eval/qa_em', 'eval/qa_f1') for _, v in scalars[tag])
+  # The probe at the kept step, recomputed: the exported encoder ranks the first dev questions'
+  # candidates, the run's reader answers with the top sentences.
+  from recomp_jax.evaluation import qa_metrics
+  stages = os.path.join(config.workdir, 'stages')
+  dev = shared.read_examples(os.path.join(stages, 'retrieve', 'dev.jsonl'))[:config.train.eval_qa_examples]
+  dev_cands = [shared.load_candidates(os.path.join(stages, 'candidates'), 'dev')[e.id] for e in dev]
+  resources = shared.Resources(config)
+  encoder = resources.fresh_encoder(os.path.join(stages, 'train_contrastive_seed0', 'encoder_best'))
+  evidence = extractive.evidence_per_question(
+      dev_cands, extractive.rank_candidates(encoder, [e.question for e in dev], dev_cands), config.eval.top_k_sentences)
+  answers = resources.reader.answer([resources.reader.prompt(e.question, ev) for e, ev in zip(dev, evidence)])
+  expected = qa_metrics.qa_scores(answers, [e.answers for e in dev])
+  at_best = {tag: dict(scalars[tag])[train['best']['step']] for tag in ('eval/qa_em', 'eval/qa_f1')}
+  assert at_best == {'eval/qa_em': pytest.approx(expected['em']), 'eval/qa_f1': pytest.approx(expected['f1'])}
   assert all(v > 0 for _, v in scalars['eval/qa_evidence_tokens'])
   table = read_text(os.path.join(config.workdir, 'tensorboard', 'results'))['results/table']
   assert table == [(0, open(os.path.join(config.workdir, 'results.md')).read())]
