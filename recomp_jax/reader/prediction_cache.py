@@ -49,6 +49,13 @@ def _sha(text: str) -> str:
   return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
+def decoding_variant(stops: Sequence[str], reader_stops: Sequence[str], postprocess: bool) -> str:
+  """The variant an answer decoded with ``stops`` / ``postprocess`` is cached under by a reader whose own
+  stop strings are ``reader_stops``: '' for the reader's own decoding (stops and short-answer clean-up)."""
+  own = tuple(stops) == tuple(reader_stops) and postprocess
+  return '' if own else json.dumps({'stop_strings': list(stops), 'postprocess': postprocess})
+
+
 def _variant_key(key: str, variant: str) -> str:
   return key if not variant else _sha(f'{key}\0{variant}')
 
@@ -185,8 +192,7 @@ def answer_key(weights: dict, *, reader_stops: Sequence[str], stops: Sequence[st
   """The key an answer decoded with ``stops`` / ``postprocess`` is stored under by a reader whose own
   stop strings are ``reader_stops`` (:meth:`recomp_jax.reader.Reader.answer`'s variant key)."""
   key = reader_key(weights, code=code, stop_strings=list(reader_stops))
-  own = tuple(stops) == tuple(reader_stops) and postprocess
-  return _variant_key(key, '' if own else json.dumps({'stop_strings': list(stops), 'postprocess': postprocess}))
+  return _variant_key(key, decoding_variant(stops, reader_stops, postprocess))
 
 
 def rekey_answers(path: str, old_key: str, new_key: str) -> int:

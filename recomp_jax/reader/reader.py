@@ -16,14 +16,13 @@ The model class decides the path, like t5x's ``BaseModel.score_batch / predict_b
 
 from __future__ import annotations
 
-import json
 from typing import Sequence
 
 import numpy as np
 
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.pretrained.demo import resolve_demo_model
-from recomp_jax.reader import prompts
+from recomp_jax.reader import prediction_cache, prompts
 
 
 CACHE_CHUNK = 128  # prompts decoded between two writes to the prediction cache
@@ -173,8 +172,7 @@ class Reader:
     cache = self.prediction_cache
     if cache is None:
       return self._generate_answers(list(prompt_texts), limit, stops, postprocess)
-    own = stops == self.stop_strings and postprocess
-    variant = '' if own else json.dumps({'stop_strings': list(stops), 'postprocess': postprocess})
+    variant = prediction_cache.decoding_variant(stops, self.stop_strings, postprocess)
     answers = cache.lookup(prompt_texts, limit, variant=variant)
     missing = list(dict.fromkeys(p for p, a in zip(prompt_texts, answers) if a is None))
     generated: dict[str, str] = {}
@@ -197,7 +195,6 @@ class Reader:
       path: the cache file; runs of the same reader may share one.
       weights: :func:`recomp_jax.stages.file_fingerprint` of this reader's weights.
     """
-    from recomp_jax.reader import prediction_cache  # pylint: disable=import-outside-toplevel
     self.prediction_cache = prediction_cache.PredictionCache(
         path, prediction_cache.reader_key(weights, stop_strings=list(self.stop_strings)))
 
