@@ -388,16 +388,19 @@ def test_take_subset_first_or_seeded_and_in_file_order():
 
 
 def test_draw_shots_is_seeded_and_demonstrates_yes_no_when_the_split_has_it():
-  """Five in-context examples drawn at random (RECOMP §4.2), the rest in file order; a split with
-  yes/no answers (1 in 100 here) always gets one yes/no demonstration."""
-  exs = [Example(f'e{i}', f'q{i}', ['No' if i == 57 else f'a{i}']) for i in range(100)]
+  """Five in-context examples drawn at random (RECOMP §4.2), the rest in file order; a split where
+  yes/no answers are a question type (5 in 100 here) always gets one yes/no demonstration, a stray
+  one (1 in 100) does not force it."""
+  exs = [Example(f'e{i}', f'q{i}', ['No' if i % 20 == 7 else f'a{i}']) for i in range(100)]
   for seed in range(20):
     shots, rest = formats.draw_shots(exs, 5, seed)
     assert len(shots) == 5 and len(rest) == 95
     assert sorted(e.id for e in shots + rest) == sorted(e.id for e in exs)
     assert [e.id for e in rest] == [e.id for e in exs if e not in shots]  # file order kept
-    assert exs[57] in shots
-  plain = [e for e in exs if e.id != 'e57']
+    assert any(e.answers == ['No'] for e in shots)
+  stray = [e if e.id == 'e7' or e.answers != ['No'] else Example(e.id, e.question, ['a']) for e in exs]
+  assert sum(any(e.answers == ['No'] for e in formats.draw_shots(stray, 5, seed)[0]) for seed in range(20)) < 5
+  plain = [e for e in exs if e.answers != ['No']]
   draws = [tuple(e.id for e in formats.draw_shots(plain, 5, seed)[0]) for seed in range(20)]
   assert draws[0] == tuple(e.id for e in formats.draw_shots(plain, 5, 0)[0])  # same seed, same shots
   assert len(set(draws)) == 20  # without yes/no answers nothing is forced: a plain random draw

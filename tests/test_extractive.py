@@ -322,6 +322,25 @@ def test_a_remote_workdir_computes_in_a_mirror_and_a_fresh_machine_downloads_it(
   assert (tmp_path / 'vm2' / train / 'encoder_best' / 'config.json').exists()
 
 
+def test_dataset_shots_reach_the_reader_prompt_and_survive_a_reused_data_stage(tmp_path, tiny_models):
+  """data.shots='train': the run's head draws five training questions, the shared reader's prompt
+  (labels, critic, probes, rows) starts with them, and a rerun that reuses the data stage gets the
+  same ones from its summary."""
+  config = tiny_config(tmp_path / 'shots', tiny_models, **{'data.shots': 'train'})
+  runner = StageRunner(config.workdir)
+  resources = shared.Resources(config, config.workdir)
+  data = shared.run_head(config, runner, resources, [])['data']
+  shots = data['shots']
+  train_ids = {json.loads(line)['id'] for line in open(os.path.join(runner.stage_dir('data'), 'train.jsonl'))}
+  assert len(shots) == 5 and data['train'] == 16 - 5 and not {s['id'] for s in shots} & train_ids
+  block = ''.join(f"{s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+  assert resources.reader.few_shot == block
+  assert resources.reader.prompt('who?', 'Some evidence.') == block + 'Some evidence.\n\nwho?\nAnswer:'
+  again = shared.Resources(config, config.workdir)
+  assert shared.run_head(config, StageRunner(config.workdir), again, [])['data']['shots'] == shots
+  assert again.few_shot == block
+
+
 def test_dense_retrieve_stage_fills_ctxs_and_reuses_its_index(tmp_path, tiny_models):
   config = tiny_config(tmp_path / 'dense', tiny_models, **{'retrieval.method': 'dense'})
   runner = StageRunner(config.workdir)

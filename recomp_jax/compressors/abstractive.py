@@ -104,7 +104,7 @@ def critic_qa(reader, questions: Sequence[str], answers: Sequence[Sequence[str]]
   """Fig. 7 over a batch: the reader answers with each summary and with none.
 
   Args:
-    reader: a :class:`recomp_jax.reader.Reader` (``exact_match``, ``loglik``).
+    reader: a :class:`recomp_jax.reader.Reader` (``prompt``, ``few_shot``, ``exact_match``, ``loglik``).
     questions, answers: per example.
     summaries: per example, the teacher's samples (None = that sample failed).
     report: counts of dropped examples by reason (``teacher_failed``, ``both_wrong``).

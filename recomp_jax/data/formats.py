@@ -568,13 +568,17 @@ def take_subset(examples: Sequence[Example], n: int, how: str, seed: int) -> lis
   return [examples[i] for i in chosen]
 
 
+YES_NO_SHARE = 0.05
+
+
 def draw_shots(examples: Sequence[Example], k: int, seed: int) -> tuple[list[Example], list[Example]]:
   """``k`` in-context examples drawn at random from ``examples`` (RECOMP §4.2: "five randomly
   sampled in-context examples from training set"), and the rest, both in input order.
 
-  Beyond the paper: when some answers are yes/no and the draw holds none, the last drawn example
-  gives way to the first yes/no one in the permutation, so that HotpotQA's comparison questions
-  see their answer format demonstrated. The draw is ``numpy.random.default_rng(seed)``'s, so the
+  Beyond the paper: when yes/no answers are a question type of the split (at least
+  :data:`YES_NO_SHARE` of its answers: HotpotQA's comparison questions, not a stray "No" among
+  TriviaQA's) and the draw holds none, the last drawn example gives way to the first yes/no one
+  in the permutation, so that the type sees its answer format demonstrated. The draw is ``numpy.random.default_rng(seed)``'s, so the
   same inputs and seed give the same shots on every machine.
 
   Raises:
@@ -586,7 +590,7 @@ def draw_shots(examples: Sequence[Example], k: int, seed: int) -> tuple[list[Exa
   order = np.random.default_rng(seed).permutation(len(examples)).tolist()
   drawn = order[:k]
   yes_no = [i for i in order if examples[i].answers[0].strip().lower() in ('yes', 'no')]
-  if k and yes_no and not any(i in yes_no for i in drawn):
+  if k and len(yes_no) >= YES_NO_SHARE * len(examples) and not any(i in yes_no for i in drawn):
     drawn[-1] = yes_no[0]
   chosen = set(drawn)
   return ([e for i, e in enumerate(examples) if i in chosen],

@@ -568,7 +568,8 @@ class AbstractiveSystem(System):
       notes.append('Training targets (beyond the paper): per question, the candidate sentence of the top documents '
                    'under which the reader gives the gold answer the highest log-likelihood, judged by the critic '
                    f"in place of a teacher summary; {'; '.join(parts)}. "
-                   'The teacher summarised the test questions only.')
+                   + ('The teacher summarised the test questions only.' if teacher else
+                      'The teacher did not run (no row evaluated reads its summaries).'))
     critic = summaries.get('critic', {})
     if critic:
       notes.append('Critic (Table 5): ' + '; '.join(

@@ -46,8 +46,8 @@ SHARED_FIELDS: tuple[Field, ...] = (
           read_when=('data.source', ('jsonl', 'hf'))),
     Field('data.max_eval', 0, 'test questions read (0 = all)', minimum=0),
     Field('data.shots', 'protocol', "the reader prompt's five in-context examples: 'protocol' = the NQ reader "
-          "protocol's fixed NQ questions; 'train' = drawn from this run's training questions (RECOMP §4.2) and "
-          'removed from training and dev', choices=('protocol', 'train')),
+          "protocol's fixed NQ questions; 'train' = drawn from this run's training split (RECOMP §4.2) and "
+          'removed from it', choices=('protocol', 'train')),
     Field('data.demo_train', 0, 'demo training questions', minimum=0, read_when=('data.source', _DEMO)),
     Field('data.demo_dev', 0, 'demo dev questions', minimum=0, read_when=('data.source', _DEMO)),
     Field('data.demo_test', 0, 'demo test questions', minimum=0, read_when=('data.source', _DEMO)),
