@@ -24,8 +24,8 @@ target: that example is dropped and counted.
 Also beyond the paper, :func:`reader_best_sentences` gives the critic another candidate
 target when no teacher can summarise (the PyPI Gemma 3 270M base model rarely puts a gold
 answer in its NQ summaries: docs/results/abstractive.md): the sentence of the top documents
-under which the reader gives the first gold answer the highest log-likelihood, i.e. the positive of the
-extractive compressor's labelling (RECOMP §3.1). The compressor then learns a
+under which the reader gives the first gold answer the highest log-likelihood, i.e. the positive
+of the extractive compressor's labelling (RECOMP §3.1). The compressor then learns a
 reader-distilled, one-sentence summary; the critic keeps or empties it by Fig. 7's rule.
 """
 

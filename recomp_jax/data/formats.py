@@ -578,8 +578,9 @@ def draw_shots(examples: Sequence[Example], k: int, seed: int) -> tuple[list[Exa
   Beyond the paper: when yes/no answers are a question type of the split (at least
   :data:`YES_NO_SHARE` of its answers: HotpotQA's comparison questions, not a stray "No" among
   TriviaQA's) and the draw holds none, the last drawn example gives way to the first yes/no one
-  in the permutation, so that the type sees its answer format demonstrated. The draw is ``numpy.random.default_rng(seed)``'s, so the
-  same inputs and seed give the same shots on every machine.
+  in the permutation, so that the type sees its answer format demonstrated. The draw is
+  ``numpy.random.default_rng(seed)``'s, so the same inputs and seed give the same shots on every
+  machine.
 
   Raises:
     ValueError: fewer than ``k`` examples.
