@@ -12,13 +12,15 @@ Presets (``--config=configs/hotpotqa_color.py:PRESET``); the compressors train o
   python -m recomp_jax.main --config=configs/hotpotqa_color.py:shared
 """
 
-from recomp_jax.pipelines.color import experiment
+import os
+
+from recomp_jax.config_fields import load_config_file
 
 HOTPOTQA = '../shared/data/hotpotqa/dev500_ircot.jsonl'
 
 
 def get_config(preset: str = 'shared'):
-  c = experiment(preset)
+  c = load_config_file(os.path.join(os.path.dirname(__file__), 'nq_color.py'), preset)  # NQ's compressors
   c.dataset = 'hotpotqa'
   c.workdir = f'workdirs/hotpotqa_color_{preset}'
   k = c.color

@@ -12,6 +12,8 @@ fields and its own system's, so its results file records nothing else.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 from typing import Any, Iterable, Sequence
 
 import ml_collections
@@ -187,5 +189,21 @@ def help_lines(fields: Sequence[Field], indent: str = '  ') -> list[str]:
   return [indent + f.describe() for f in fields]
 
 
+def load_config_file(path: str, preset: str | None = None) -> ml_collections.ConfigDict:
+  """``get_config(preset)`` of the config file at ``path`` (``get_config()`` when ``preset`` is None).
+
+  How ``--config=PATH:PRESET`` reads a file, and how one config file builds on another (e.g.
+  ``configs/hotpotqa_color.py`` on ``configs/nq_color.py``). Raises FileNotFoundError for a missing
+  file and the file's ValueError for an unknown preset.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'no such config file {path!r}')
+  name = '_recomp_config_' + os.path.splitext(os.path.basename(path))[0]
+  module_spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config() if preset is None else module.get_config(preset)
+
+
 __all__ = ['ConfigError', 'Field', 'build', 'check', 'check_override', 'check_value', 'field_map', 'help_lines',
-           'leaves']
+           'leaves', 'load_config_file']

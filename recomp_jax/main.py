@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import glob
-import importlib.util
 import logging as std_logging
 import os
 import sys
@@ -67,14 +66,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _load_config_file(spec: str):
+  from recomp_jax import config_fields  # pylint: disable=import-outside-toplevel
   path, _, preset = spec.partition(':')
   if not os.path.exists(path):
     raise UserError(f'--config={spec}: no such config file {path!r}')
-  module_spec = importlib.util.spec_from_file_location('_recomp_config', path)
-  module = importlib.util.module_from_spec(module_spec)
   try:
-    module_spec.loader.exec_module(module)
-    return module.get_config(preset) if preset else module.get_config()
+    return config_fields.load_config_file(path, preset or None)
   except ValueError as e:  # unknown preset
     raise UserError(f'--config={spec}: {e}') from None
 

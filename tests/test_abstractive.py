@@ -8,6 +8,7 @@ from recomp_jax.compressors import abstractive
 from recomp_jax.data.schema import FilterReport
 from recomp_jax.evaluation import qa_metrics
 from recomp_jax.reader import prompts
+from tests import config_files
 
 
 class LastWordReader:
@@ -166,7 +167,7 @@ def test_reader_best_sentences_pick_the_candidate_the_reader_scores_highest():
 def test_trained_row_names_its_target_source():
   """Audit (issue 57): with reader-sentence targets the row used to read as the paper's compressor."""
   from recomp_jax.pipelines import abstractive as pipeline  # pylint: disable=import-outside-toplevel
-  system, config = pipeline.AbstractiveSystem(), pipeline.experiment('nq', 'shared')
+  system, config = pipeline.AbstractiveSystem(), config_files.preset('nq_abstractive.py', 'shared')
   names = {}
   for targets in abstractive.TARGET_SOURCES:
     config.critic.targets = targets

@@ -17,6 +17,7 @@ import pytest
 from recomp_jax.data import demo_qa, formats, schema, sentences
 from recomp_jax.data.schema import DataError, Example, FilterReport, Passage
 from recomp_jax.evaluation.qa_metrics import normalize_answer
+from tests import config_files
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
 
@@ -447,12 +448,12 @@ def test_read_hf_converters(monkeypatch):
 def test_hub_train_split_honours_train_subset(monkeypatch, tmp_path):
   """``data.source=hf``: 'first' stops at max_train rows; 'shuffled' draws from the whole split."""
   import datasets
-  from recomp_jax.pipelines import filco, shared  # pylint: disable=import-outside-toplevel
+  from recomp_jax.pipelines import shared  # pylint: disable=import-outside-toplevel
   rows = [{'question': f'q{i}', 'answer': [f'a{i}']} for i in range(40)]
   monkeypatch.setattr(datasets, 'load_dataset', lambda path, config, split, cache_dir=None: rows)
 
   def kept_rows(subset):
-    config = filco.experiment('nq', 'ci')
+    config = config_files.preset('nq_filco.py', 'ci')
     config.data.source, config.data.hf_name = 'hf', 'nq_open'
     config.data.max_train, config.data.max_eval, config.data.dev_fraction = 8, 2, 0.0
     config.data.train_subset = subset

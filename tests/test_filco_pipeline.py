@@ -17,6 +17,7 @@ from recomp_jax.data.stage_records import read_examples as shared_records
 from recomp_jax.evaluation import qa_metrics, report
 from recomp_jax.pipelines import runner as pipeline_runner
 from recomp_jax.training.summaries import read_scalars
+from tests import config_files
 from tests.tiny_models import check_export_reproduces_the_trained_row, check_truncation_row
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -256,9 +257,9 @@ def test_bad_config_is_refused_before_any_work(tmp_path):
 def test_filter_epochs_do_not_reach_the_psg_classifier_or_its_fingerprint():
   """`filter.epochs` trains the filter model only; the PSG classifier, which shares
   config.filter's other fields, trains `filco.psg_epochs` (default: train.epochs)."""
-  from recomp_jax.pipelines.filco import experiment, training_section
+  from recomp_jax.pipelines.filco import training_section
   from recomp_jax.training.finetune import section_epochs
-  config = experiment('nq', 'shared')
+  config = config_files.preset('nq_filco.py', 'shared')
   assert config.filter.epochs == 3.0 and config.train.epochs == 1.0
   assert section_epochs(config, training_section(config, 'filter')) == 3.0
   assert section_epochs(config, training_section(config, 'psg')) == 1.0

@@ -13,6 +13,7 @@ import pytest
 from recomp_jax.data.schema import DataError, FilterReport
 from recomp_jax.data.wikitext import Article, make_windows, read_articles, read_windows, write_windows
 from recomp_jax.evaluation import lm_metrics
+from tests import config_files
 
 SHARED_WIKITEXT = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'wikitext',
                                'wikitext2_test.raw')
@@ -338,8 +339,7 @@ def test_ci_pipeline_end_to_end_and_resumes(tmp_path, gemma3_gguf_path, tiny_gem
 ])
 def test_bad_lm_settings_fail_before_any_work(tmp_path, field, value, message):
   from recomp_jax.pipelines import runner, shared  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.lm import experiment as lm_experiment  # pylint: disable=import-outside-toplevel
-  config = lm_experiment('ci')
+  config = config_files.preset('wikitext_lm.py', 'ci')
   config.lm.wikitext_path = str(_write(tmp_path, RAW))
   section, name = field.split('.')
   config[section][name] = value
@@ -353,8 +353,7 @@ def test_abstractive_compressor_config_takes_its_own_train_section_from_a_locked
   """The fine-tuning path reads ``train.*``; the LM task's abstractive compressor trains with
   ``compressor_train.*`` on a copy, and the command line's config is locked (no new field)."""
   from recomp_jax.pipelines import lm_abstractive  # pylint: disable=import-outside-toplevel
-  from recomp_jax.pipelines.lm import experiment as lm_experiment  # pylint: disable=import-outside-toplevel
-  config = lm_experiment('shared_abstractive')
+  config = config_files.preset('wikitext_lm.py', 'shared_abstractive')
   config.lock()
   c = lm_abstractive.compressor_config(config)
   assert (c.train.learning_rate, c.train.batch_size, c.train.epochs) == (1e-4, 16, 1.0)

@@ -9,6 +9,7 @@ import pytest
 from recomp_jax.compressors import kcomp
 from recomp_jax.data import medical_qa
 from recomp_jax.data.schema import DataError, FilterReport
+from tests import config_files
 
 CONTEXT = ('Gout is a form of arthritis. It causes sudden pain in the joints. '
            'Uric acid crystals build up in a joint. Drinking water may help.')
@@ -99,7 +100,7 @@ def test_kcomp_data_stage_reads_mashqa_questions_over_a_medcorp_corpus(tmp_path)
   questions = _mashqa(tmp_path / 'test.json', [
       {'id': 'q1', 'question': 'What causes gout pain?', 'answers': [_span('Uric acid crystals build up in a joint.')]},
       {'id': 'q2', 'question': 'Is gout curable?', 'answers': []}])
-  config = pipeline.experiment('ci')
+  config = config_files.preset('medquad_kcomp.py', 'ci')
   k = config.kcomp
   k.corpus_path, k.corpus_format, k.test_path, k.question_format = str(corpus), 'medcorp', questions, 'mashqa'
   k.max_test, k.top_docs = 0, 2

@@ -9,6 +9,7 @@ import pytest
 from recomp_jax.data import medquad
 from recomp_jax.data.schema import DataError, Example, FilterReport, Passage
 from recomp_jax.retrieval.exclusion import search_excluding
+from tests import config_files
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'shared', 'data')
 
@@ -180,7 +181,7 @@ def test_kcomp_data_stage_with_the_dense_retriever(tmp_path):
                      doc=f'GHR:{i}') for i, t in enumerate(topics) for j in range(3)]
   questions = [_question(f'{i}-1', t, [f'{i}-1#0', f'{i}-1#1', f'{i}-1#2'], question=f'What is {t.lower()} ?',
                          answer=f'{t} is a condition.') for i, t in enumerate(topics[:3])]
-  config = pipeline.experiment('ci')
+  config = config_files.preset('medquad_kcomp.py', 'ci')
   k = config.kcomp
   k.corpus_path = _write(tmp_path / 'corpus.jsonl.gz', corpus)
   k.test_path = _write(tmp_path / 'test.jsonl.gz', questions)

@@ -587,13 +587,12 @@ class AbstractiveSystem(System):
     return out
 
 
-__all__ = ['AbstractiveSystem', 'Compressor', 'FIELDS', 'ROW_KEYS', 'default_config', 'experiment', 'offline_teacher', 'compress_split', 'compressor_pairs', 'critic_split',
+__all__ = ['AbstractiveSystem', 'Compressor', 'FIELDS', 'ROW_KEYS', 'default_config', 'offline_teacher', 'compress_split', 'compressor_pairs', 'critic_split',
            'few_shot_block', 'fit_documents', 'stage_critic', 'stage_sentence_targets', 'stage_teacher', 'stage_train',
            'teacher_splits', 'train_compressor', 'wanted_rows']
 
 
 # ----------------------------------------------------------------------------- config
-
 
 
 def default_config():
@@ -615,58 +614,3 @@ def offline_teacher(c, max_tokens: int = 64) -> None:
   c.teacher.max_tokens = max_tokens
 
 
-def experiment(dataset: str, preset: str):
-  """The presets of ``configs/{nq,tqa,hotpotqa}_abstractive.py``.
-
-  paper: the hub data, gpt-3.5-turbo as teacher (``$OPENAI_API_KEY``), t5-large compressor.
-  shared: ``../shared/data`` (held-out eval), the offline teacher (:func:`offline_teacher`),
-    the Gemma 3 270M compressor, sized for one session on 2 CPU cores.
-  demo: the whole pipeline offline on a fresh machine in minutes (questions made from
-    ovos Wikipedia summaries); ci: the demo at a tiny size (tests).
-  """
-  c = default_config()
-  c.preset = preset
-  c.workdir = f'workdirs/{dataset}_abstractive_{preset}'
-  if dataset == 'hotpotqa':
-    c.eval.top_k_sentences = 2
-  if preset == 'paper':
-    defaults.dataset_data(c, dataset, 'paper')
-    c.teacher.base_url = 'https://api.openai.com/v1'
-    c.teacher.model = 'gpt-3.5-turbo'
-    c.compressor.model = 't5-large'
-    c.compressor.max_source_length = 512
-  elif preset == 'shared':
-    defaults.dataset_data(c, dataset, 'shared')
-    # The 270M base teacher rarely stops by itself, so its cap is the compression rate: 48 tokens
-    # is under 10% of the top-5 documents' reader tokens.
-    offline_teacher(c, max_tokens=48)
-    # The 270M base teacher cannot summarise, so the critic judges the reader's best candidate
-    # sentence (beyond the paper); docs/results/abstractive.md has the paper's pipeline's flags.
-    c.critic.targets = 'reader_sentence'
-    c.data.max_train = 200
-    c.compressor.max_target_length = 64
-    c.compressor.max_new_tokens = 48
-    c.train.epochs = 3.0
-    c.train.learning_rate = 5e-5
-    c.train.batch_size = 8
-    c.train.warmup_steps = 5
-    c.train.eval_every = 25
-    c.train.checkpoint_every = 25
-  elif preset in ('demo', 'ci'):
-    demo = preset == 'demo'
-    defaults.demo_data(c, dataset, (64, 16, 32) if demo else (16, 8, 8))
-    offline_teacher(c, max_tokens=64 if demo else 24)
-    c.compressor.max_source_length = 384 if demo else 192
-    c.compressor.max_target_length = 64 if demo else 32
-    c.compressor.max_new_tokens = 64 if demo else 16
-    c.train.batch_size = 8 if demo else 4
-    c.train.epochs = 2.0 if demo else 0.0
-    c.train.num_steps = 0 if demo else 2
-    c.train.warmup_steps = 5 if demo else 1
-    c.train.eval_every = 10 if demo else 2
-    c.train.checkpoint_every = 10 if demo else 2
-    c.train.log_every = 5 if demo else 1
-    c.train.eval_qa_examples = 16 if demo else 2
-  else:
-    raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
-  return c
