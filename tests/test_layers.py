@@ -163,6 +163,36 @@ def test_no_system_imports_another():
   assert system_edges(import_graph(), systems) == []
 
 
+# RECOMP's two compressors serve its two tasks: QA (the extractive and abstractive systems) and
+# language modelling (the lm task, §4.1), so the lm task reads RECOMP's method modules.
+METHODS_OF = {'lm': {'extractive', 'abstractive'}}
+SHARED_METHODS = {'base', 'baselines'}  # the export format and the untrained baselines
+
+
+def method_edges(graph: dict[str, set[str]], systems: set[str]) -> list[str]:
+  """Every import of another system's method module (``compressors.<name>``) by a system's pipeline."""
+  bad = []
+  for module, targets in sorted(graph.items()):
+    leaf = module.rpartition('.')[2]
+    own = next((s for s in systems if module.startswith(f'{PACKAGE}.pipelines.') and
+                (leaf == s or leaf.startswith(f'{s}_'))), None)
+    if own is None:
+      continue
+    allowed = {own} | SHARED_METHODS | METHODS_OF.get(own, set())
+    for target in sorted(targets):
+      if target.startswith(f'{PACKAGE}.compressors.') and target.rpartition('.')[2] not in allowed:
+        bad.append(f'{module} -> {target}')
+  return bad
+
+
+def test_no_pipeline_reads_another_systems_method():
+  systems = _registered_systems()
+  assert method_edges(import_graph(), systems) == []
+  assert method_edges({'recomp_jax.pipelines.filco': {'recomp_jax.compressors.extractive'},
+                       'recomp_jax.pipelines.lm_extractive': {'recomp_jax.compressors.extractive'}},
+                      systems) == ['recomp_jax.pipelines.filco -> recomp_jax.compressors.extractive']
+
+
 def test_the_checks_catch_an_upward_edge_and_a_cycle():
   graph = {'recomp_jax.training.finetune': {'recomp_jax.pipelines.shared'},
            'recomp_jax.pipelines.shared': {'recomp_jax.pipelines.runner'},
