@@ -15,7 +15,7 @@ KILT data ships here.
 """
 
 from recomp_jax.pipelines import defaults
-from recomp_jax.pipelines.filco import default_config
+from recomp_jax.pipelines.filco import default_config, paper_models
 
 
 def get_config(preset: str = 'paper'):
@@ -26,9 +26,7 @@ def get_config(preset: str = 'paper'):
   c.filco.lexical_against = 'query'  # the output is a label, found in no passage
   if preset == 'paper':
     defaults.dataset_data(c, 'fever', 'paper')
-    c.candidates.top_docs = 1
-    c.filter.model = c.generator.model = 'google/flan-t5-xl'
-    c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
+    paper_models(c)
   else:
     raise ValueError(f'unknown preset {preset!r} for fever: its KILT data is on the hub only, '
                      'so only the paper preset exists')

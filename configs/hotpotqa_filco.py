@@ -10,7 +10,7 @@ Presets (``--config=configs/hotpotqa_filco.py:PRESET``):
 """
 
 from recomp_jax.pipelines import defaults
-from recomp_jax.pipelines.filco import default_config
+from recomp_jax.pipelines.filco import default_config, demo_sizes, paper_models, shared_sizes
 
 
 def get_config(preset: str = 'demo'):
@@ -20,41 +20,13 @@ def get_config(preset: str = 'demo'):
   c.filco.measure = 'cxmi'  # §4: STRINC for NQ and TQA, LEXICAL for FEVER, CXMI for WoW and HotpotQA
   if preset == 'paper':
     defaults.dataset_data(c, 'hotpotqa', 'paper')
-    c.candidates.top_docs = 1
-    c.filter.model = c.generator.model = 'google/flan-t5-xl'
-    c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
+    paper_models(c)
   elif preset == 'shared':
     defaults.dataset_data(c, 'hotpotqa', 'shared')
-    # Sized for one session on 2 CPU cores (docs/results/filco.md has the runs behind these sizes).
-    c.data.max_train = 400
-    c.filter.epochs = 3.0
-    c.eval.rows = ('none', 'top1', 'full', 'psg', 'trained', 'ranked', 'silver', 'filtered_reader')
-    c.filter.max_source_length = 320
-    c.filter.max_target_length = 64
-    c.filter.max_new_tokens = 64
-    c.generator.max_source_length = 256
-    c.generator.max_target_length = 16
-    c.train.epochs = 1.0
-    c.train.batch_size = 16
-    c.train.warmup_steps = 10
-    c.train.eval_every = 25
-    c.train.checkpoint_every = 25
+    shared_sizes(c)
   elif preset in ('demo', 'ci'):
-    demo = preset == 'demo'
-    defaults.demo_data(c, 'hotpotqa', (64, 16, 32) if demo else (12, 4, 6))
-    c.filter.max_source_length = 256 if demo else 160
-    c.filter.max_target_length = 48 if demo else 24
-    c.filter.max_new_tokens = 48 if demo else 12
-    c.generator.max_source_length = 256 if demo else 160
-    c.generator.max_target_length = 16 if demo else 8
-    c.train.batch_size = 8 if demo else 4
-    c.train.epochs = 2.0 if demo else 0.0
-    c.train.num_steps = 0 if demo else 1
-    c.train.warmup_steps = 2 if demo else 0
-    c.train.eval_every = 10 if demo else 1
-    c.train.checkpoint_every = 10 if demo else 1
-    c.train.log_every = 5 if demo else 1
-    c.train.eval_qa_examples = 16 if demo else 2
+    defaults.demo_data(c, 'hotpotqa', (64, 16, 32) if preset == 'demo' else (12, 4, 6))
+    demo_sizes(c, preset == 'demo')
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c

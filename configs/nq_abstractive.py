@@ -9,7 +9,7 @@ Presets (``--config=configs/nq_abstractive.py:PRESET``):
 """
 
 from recomp_jax.pipelines import defaults
-from recomp_jax.pipelines.abstractive import default_config, offline_teacher
+from recomp_jax.pipelines.abstractive import default_config, demo_sizes, paper_models, shared_sizes
 
 
 def get_config(preset: str = 'demo'):
@@ -18,42 +18,13 @@ def get_config(preset: str = 'demo'):
   c.workdir = f'workdirs/nq_abstractive_{preset}'
   if preset == 'paper':
     defaults.dataset_data(c, 'nq', 'paper')
-    c.teacher.base_url = 'https://api.openai.com/v1'
-    c.teacher.model = 'gpt-3.5-turbo'
-    c.compressor.model = 't5-large'
-    c.compressor.max_source_length = 512
+    paper_models(c)
   elif preset == 'shared':
     defaults.dataset_data(c, 'nq', 'shared')
-    # The 270M base teacher rarely stops by itself, so its cap is the compression rate: 48 tokens
-    # is under 10% of the top-5 documents' reader tokens.
-    offline_teacher(c, max_tokens=48)
-    # The 270M base teacher cannot summarise, so the critic judges the reader's best candidate
-    # sentence (beyond the paper); docs/results/abstractive.md has the paper's pipeline's flags.
-    c.critic.targets = 'reader_sentence'
-    c.data.max_train = 200
-    c.compressor.max_target_length = 64
-    c.compressor.max_new_tokens = 48
-    c.train.epochs = 3.0
-    c.train.learning_rate = 5e-5
-    c.train.batch_size = 8
-    c.train.warmup_steps = 5
-    c.train.eval_every = 25
-    c.train.checkpoint_every = 25
+    shared_sizes(c)
   elif preset in ('demo', 'ci'):
-    demo = preset == 'demo'
-    defaults.demo_data(c, 'nq', (64, 16, 32) if demo else (16, 8, 8))
-    offline_teacher(c, max_tokens=64 if demo else 24)
-    c.compressor.max_source_length = 384 if demo else 192
-    c.compressor.max_target_length = 64 if demo else 32
-    c.compressor.max_new_tokens = 64 if demo else 16
-    c.train.batch_size = 8 if demo else 4
-    c.train.epochs = 2.0 if demo else 0.0
-    c.train.num_steps = 0 if demo else 2
-    c.train.warmup_steps = 5 if demo else 1
-    c.train.eval_every = 10 if demo else 2
-    c.train.checkpoint_every = 10 if demo else 2
-    c.train.log_every = 5 if demo else 1
-    c.train.eval_qa_examples = 16 if demo else 2
+    defaults.demo_data(c, 'nq', (64, 16, 32) if preset == 'demo' else (16, 8, 8))
+    demo_sizes(c, preset == 'demo')
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared, demo, ci')
   return c

@@ -15,7 +15,7 @@ KILT data ships here.
 """
 
 from recomp_jax.pipelines import defaults
-from recomp_jax.pipelines.filco import default_config
+from recomp_jax.pipelines.filco import default_config, paper_models
 
 
 def get_config(preset: str = 'paper'):
@@ -25,9 +25,7 @@ def get_config(preset: str = 'paper'):
   c.filco.measure = 'cxmi'  # §4's main-table choice; Table 4 (§5) ranks LEXICAL first for WoW
   if preset == 'paper':
     defaults.dataset_data(c, 'wow', 'paper')
-    c.candidates.top_docs = 1
-    c.filter.model = c.generator.model = 'google/flan-t5-xl'
-    c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
+    paper_models(c)
     c.generator.max_target_length = c.generator.max_new_tokens = 64  # a dialogue turn
   else:
     raise ValueError(f'unknown preset {preset!r} for wow: its KILT data is on the hub only, '

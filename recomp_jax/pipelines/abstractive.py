@@ -587,7 +587,7 @@ class AbstractiveSystem(System):
     return out
 
 
-__all__ = ['AbstractiveSystem', 'Compressor', 'FIELDS', 'ROW_KEYS', 'default_config', 'offline_teacher', 'compress_split', 'compressor_pairs', 'critic_split',
+__all__ = ['AbstractiveSystem', 'Compressor', 'FIELDS', 'ROW_KEYS', 'default_config', 'demo_sizes', 'offline_teacher', 'paper_models', 'shared_sizes', 'compress_split', 'compressor_pairs', 'critic_split',
            'few_shot_block', 'fit_documents', 'stage_critic', 'stage_sentence_targets', 'stage_teacher', 'stage_train',
            'teacher_splits', 'train_compressor', 'wanted_rows']
 
@@ -612,5 +612,48 @@ def offline_teacher(c, max_tokens: int = 64) -> None:
   c.teacher.api = 'completions'
   c.teacher.stop = ('\n\n',)
   c.teacher.max_tokens = max_tokens
+
+
+def paper_models(c) -> None:
+  """The paper's teacher and compressor: gpt-3.5-turbo (``$OPENAI_API_KEY``), t5-large."""
+  c.teacher.base_url = 'https://api.openai.com/v1'
+  c.teacher.model = 'gpt-3.5-turbo'
+  c.compressor.model = 't5-large'
+  c.compressor.max_source_length = 512
+
+
+def shared_sizes(c) -> None:
+  """The ``:shared`` presets' teacher, targets and training, sized for one session on 2 CPU cores."""
+  # The 270M base teacher rarely stops by itself, so its cap is the compression rate: 48 tokens
+  # is under 10% of the top-5 documents' reader tokens.
+  offline_teacher(c, max_tokens=48)
+  # The 270M base teacher cannot summarise, so the critic judges the reader's best candidate
+  # sentence (beyond the paper); docs/results/abstractive.md has the paper's pipeline's flags.
+  c.critic.targets = 'reader_sentence'
+  c.data.max_train = 200
+  c.compressor.max_target_length = 64
+  c.compressor.max_new_tokens = 48
+  c.train.epochs = 3.0
+  c.train.learning_rate = 5e-5
+  c.train.batch_size = 8
+  c.train.warmup_steps = 5
+  c.train.eval_every = 25
+  c.train.checkpoint_every = 25
+
+
+def demo_sizes(c, demo: bool) -> None:
+  """The ``:demo`` presets' sizes (minutes on a fresh machine), or ``:ci``'s (tiny, for tests)."""
+  offline_teacher(c, max_tokens=64 if demo else 24)
+  c.compressor.max_source_length = 384 if demo else 192
+  c.compressor.max_target_length = 64 if demo else 32
+  c.compressor.max_new_tokens = 64 if demo else 16
+  c.train.batch_size = 8 if demo else 4
+  c.train.epochs = 2.0 if demo else 0.0
+  c.train.num_steps = 0 if demo else 2
+  c.train.warmup_steps = 5 if demo else 1
+  c.train.eval_every = 10 if demo else 2
+  c.train.checkpoint_every = 10 if demo else 2
+  c.train.log_every = 5 if demo else 1
+  c.train.eval_qa_examples = 16 if demo else 2
 
 

@@ -643,6 +643,48 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
-__all__ = ['FilcoSystem', 'PSG_DECISIONS', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
+def paper_models(c) -> None:
+  """The paper's filter model and generator: FLAN-T5-XL over the top-1 passage."""
+  c.candidates.top_docs = 1
+  c.filter.model = c.generator.model = 'google/flan-t5-xl'
+  c.filter.pack = c.generator.pack = False  # T5 rows hold one pair each
+
+
+def shared_sizes(c) -> None:
+  """The ``:shared`` presets' rows and fine-tunes, sized for one session on 2 CPU cores
+  (docs/results/filco.md has the runs behind these sizes)."""
+  c.data.max_train = 400
+  c.filter.epochs = 3.0
+  c.eval.rows = ('none', 'top1', 'full', 'psg', 'trained', 'ranked', 'silver', 'filtered_reader')
+  c.filter.max_source_length = 320
+  c.filter.max_target_length = 64
+  c.filter.max_new_tokens = 64
+  c.generator.max_source_length = 256
+  c.generator.max_target_length = 16
+  c.train.epochs = 1.0
+  c.train.batch_size = 16
+  c.train.warmup_steps = 10
+  c.train.eval_every = 25
+  c.train.checkpoint_every = 25
+
+
+def demo_sizes(c, demo: bool) -> None:
+  """The ``:demo`` presets' sizes (minutes on a fresh machine), or ``:ci``'s (tiny, for tests)."""
+  c.filter.max_source_length = 256 if demo else 160
+  c.filter.max_target_length = 48 if demo else 24
+  c.filter.max_new_tokens = 48 if demo else 12
+  c.generator.max_source_length = 256 if demo else 160
+  c.generator.max_target_length = 16 if demo else 8
+  c.train.batch_size = 8 if demo else 4
+  c.train.epochs = 2.0 if demo else 0.0
+  c.train.num_steps = 0 if demo else 1
+  c.train.warmup_steps = 2 if demo else 0
+  c.train.eval_every = 10 if demo else 1
+  c.train.checkpoint_every = 10 if demo else 1
+  c.train.log_every = 5 if demo else 1
+  c.train.eval_qa_examples = 16 if demo else 2
+
+
+__all__ = ['FilcoSystem', 'demo_sizes', 'paper_models', 'shared_sizes', 'PSG_DECISIONS', 'ROW_KEYS', 'filter_pairs', 'filter_predictions', 'filter_ranked',
            'generator_pairs', 'load_psg_keep', 'psg_decision_counts', 'psg_decisions', 'psg_margins', 'psg_pairs',
            'psg_predictions', 'stage_finetune', 'stage_silver']
