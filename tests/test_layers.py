@@ -131,22 +131,23 @@ def test_the_package_has_no_import_cycle():
   assert cycles(import_graph()) == []
 
 
+def system_of(module: str, systems: set[str]) -> str | None:
+  """The system whose pipeline ``module`` is: ``pipelines.<name>`` and ``pipelines.<name>_*``."""
+  if not module.startswith(f'{PACKAGE}.pipelines.'):
+    return None
+  leaf = module.rpartition('.')[2]
+  return next((s for s in systems if leaf == s or leaf.startswith(f'{s}_')), None)
+
+
 def system_edges(graph: dict[str, set[str]], systems: set[str]) -> list[str]:
   """Every import from one system's pipeline into another's: ``pipelines.<name>`` and
   ``pipelines.<name>_*`` are system ``name``'s modules; what two systems share lives in a module of
   neither (``shared``, ``defaults``, ``encoder_training``)."""
-
-  def system_of(module: str) -> str | None:
-    if not module.startswith(f'{PACKAGE}.pipelines.'):
-      return None
-    leaf = module.rpartition('.')[2]
-    return next((s for s in systems if leaf == s or leaf.startswith(f'{s}_')), None)
-
   bad = []
   for module, targets in sorted(graph.items()):
-    own = system_of(module)
+    own = system_of(module, systems)
     for target in sorted(targets):
-      other = system_of(target)
+      other = system_of(target, systems)
       if own and other and other != own:
         bad.append(f'{module} -> {target}')
   return bad
@@ -173,9 +174,7 @@ def method_edges(graph: dict[str, set[str]], systems: set[str]) -> list[str]:
   """Every import of another system's method module (``compressors.<name>``) by a system's pipeline."""
   bad = []
   for module, targets in sorted(graph.items()):
-    leaf = module.rpartition('.')[2]
-    own = next((s for s in systems if module.startswith(f'{PACKAGE}.pipelines.') and
-                (leaf == s or leaf.startswith(f'{s}_'))), None)
+    own = system_of(module, systems)
     if own is None:
       continue
     allowed = {own} | SHARED_METHODS | METHODS_OF.get(own, set())
