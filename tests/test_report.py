@@ -535,7 +535,7 @@ def test_summary_rows_of_the_committed_files():
   assert rows == [
       ['RECOMP extractive', 'NQ', 'EM', '500', '3', '19.6 ± 0.5', '40.1', 'top-1 document', '17.6', '111.1',
        '+2.0 [-0.9, +4.9]', '[extractive](docs/results/extractive.md) ([json](results/nq_extractive_shared.json))'],
-      ['FILCO', 'TQA', 'EM', '300', '1', '17.0', '0.0', 'FULL', '16.7', '107.5', '+0.3 [-2.7, +3.3]',
+      ['FILCO', 'TQA', 'EM', '300', '1', '15.3', '0.0', 'no retrieval', '16.7', '0.0', '-1.3 [-5.0, +2.0]',
        '[filco](docs/results/filco.md) ([json](results/tqa_filco_shared.json))'],
   ]
 
