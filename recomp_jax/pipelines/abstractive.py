@@ -655,5 +655,3 @@ def demo_sizes(c, demo: bool) -> None:
   c.train.checkpoint_every = 10 if demo else 2
   c.train.log_every = 5 if demo else 1
   c.train.eval_qa_examples = 16 if demo else 2
-
-
