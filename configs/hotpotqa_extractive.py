@@ -13,31 +13,20 @@ Presets (``--config=configs/hotpotqa_extractive.py:PRESET``):
           rest are the training data.
 """
 
-from recomp_jax.pipelines.defaults import offline_holdout
+from recomp_jax.pipelines import defaults
 from recomp_jax.pipelines.extractive import default_config
 
 
 def get_config(preset: str = 'paper'):
   c = default_config()
-  c.dataset = 'hotpotqa'
-  c.data.shots = 'train'  # the reader's in-context examples: HotpotQA's own (RECOMP §4.2)
   c.preset = preset
   c.eval.top_k_sentences = 2
   c.candidates.top_docs = 5
-  if preset == 'paper':
-    c.workdir = 'workdirs/hotpotqa_extractive_paper'
-    c.data.source = 'hf'
-    c.data.hf_name = 'hotpot_qa'
-    c.data.hf_config = 'distractor'
-    c.data.hf_train_split = 'train'
-    c.data.hf_eval_split = 'validation'
-    c.retrieval.rerank = 'bm25'
-  elif preset == 'shared':
-    c.workdir = 'workdirs/hotpotqa_extractive_shared'
-    offline_holdout(c, '../shared/data/hotpotqa/dev500_ircot.jsonl', n_eval=100)
-    # The 10 IRCoT paragraphs come in no ranked order: rank them by BM25 over the question,
-    # then keep the top 5 as the paper does with retrieved documents.
-    c.retrieval.rerank = 'bm25'
+  if preset in ('paper', 'shared'):
+    c.workdir = f'workdirs/hotpotqa_extractive_{preset}'
+    # HotpotQA's own in-context examples (RECOMP §4.2); the 10 paragraphs come in no ranked order,
+    # so BM25 over the question ranks them before the top 5 are kept, as with retrieved documents.
+    defaults.dataset_data(c, 'hotpotqa', preset)
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
   return c

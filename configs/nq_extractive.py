@@ -15,6 +15,7 @@ Presets (``--config=configs/nq_extractive.py:PRESET``):
 
 import ml_collections
 
+from recomp_jax.pipelines import defaults
 from recomp_jax.pipelines.defaults import use_minilm
 from recomp_jax.pipelines.extractive import default_config
 
@@ -24,16 +25,12 @@ def get_config(preset: str = 'demo') -> ml_collections.ConfigDict:
   c.dataset = 'nq'
   c.preset = preset
   if preset == 'paper':
-    c.data.source = 'hf'
-    c.retrieval.method = 'dense'  # the encoder below over --config.retrieval.corpus_path
+    defaults.dataset_data(c, 'nq', preset)  # dense: the encoder over --config.retrieval.corpus_path
     c.retrieval.top_k = 5
     c.eval.rows = ('all',)
   elif preset == 'shared':
     c.workdir = 'workdirs/nq_extractive_shared'
-    c.data.source = 'jsonl'
-    c.data.train_path = '../shared/data/nq/train2105_bm25top20.jsonl.gz'
-    c.data.eval_path = '../shared/data/eval/nq_eval500_bm25top10.jsonl'
-    use_minilm(c)
+    defaults.dataset_data(c, 'nq', preset)
     c.train.batch_size = 32
     c.train.warmup_steps = 30
     c.train.eval_every = 25

@@ -11,29 +11,17 @@ Presets (``--config=configs/tqa_extractive.py:PRESET``):
           last ``data.max_eval`` of them.
 """
 
-from recomp_jax.pipelines.defaults import offline_holdout
+from recomp_jax.pipelines import defaults
 from recomp_jax.pipelines.extractive import default_config
 
 
 def get_config(preset: str = 'paper'):
   c = default_config()
-  c.dataset = 'tqa'
-  c.data.shots = 'train'  # the reader's in-context examples: TriviaQA's own (RECOMP §4.2)
   c.preset = preset
   c.eval.top_k_sentences = 1
-  if preset == 'paper':
-    c.workdir = 'workdirs/tqa_extractive_paper'
-    c.data.source = 'hf'
-    c.data.hf_name = 'trivia_qa'
-    c.data.hf_config = 'rc.nocontext'
-    c.data.hf_train_split = 'train'
-    c.data.hf_eval_split = 'validation'
-    c.retrieval.method = 'dense'
-  elif preset == 'shared':
-    c.workdir = 'workdirs/tqa_extractive_shared'
-    offline_holdout(c, '../shared/data/triviaqa/llmfoundry_sm_sub.jsonl', n_eval=500)
-    c.retrieval.method = 'bm25'
-    c.retrieval.corpus_path = '../shared/data/nq/corpus_union14924.jsonl.gz'
+  if preset in ('paper', 'shared'):
+    c.workdir = f'workdirs/tqa_extractive_{preset}'
+    defaults.dataset_data(c, 'tqa', preset)  # TriviaQA's own in-context examples (RECOMP §4.2)
   else:
     raise ValueError(f'unknown preset {preset!r}; available: paper, shared')
   return c
